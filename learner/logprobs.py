@@ -1,0 +1,74 @@
+"""Per-token log-probabilities of logged completions under a model: the learner's view of a policy."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class TokenBatch:
+    """Prompt+completion sequences, right-padded, with a mask over the completion tokens."""
+
+    input_ids: torch.Tensor  # (B, T)
+    attention_mask: torch.Tensor  # (B, T)
+    completion_mask: torch.Tensor  # (B, T-1) float: 1 where target token t+1 is a completion token
+
+
+def make_batch(
+    prompts: Sequence[Sequence[int]],
+    completions: Sequence[Sequence[int]],
+    pad_id: int,
+    loss_masks: Sequence[Sequence[int]] | None = None,
+) -> TokenBatch:
+    """Concatenate each prompt with its completion and pad on the right.
+
+    `loss_masks`, one 0/1 per completion token, removes tokens (e.g. tool output spliced into
+    a completion) from the completion mask; by default every completion token counts.
+    """
+    lengths = [len(p) + len(c) for p, c in zip(prompts, completions, strict=True)]
+    T = max(lengths)
+    B = len(lengths)
+    ids = torch.full((B, T), pad_id, dtype=torch.long)
+    attn = torch.zeros((B, T), dtype=torch.long)
+    cmask = torch.zeros((B, T), dtype=torch.float32)
+    for i, (p, c) in enumerate(zip(prompts, completions, strict=True)):
+        ids[i, : len(p) + len(c)] = torch.tensor(list(p) + list(c), dtype=torch.long)
+        attn[i, : len(p) + len(c)] = 1
+        m = loss_masks[i] if loss_masks is not None else [1] * len(c)
+        cmask[i, len(p) : len(p) + len(c)] = torch.tensor(m, dtype=torch.float32)
+    return TokenBatch(ids, attn, cmask[:, 1:])
+
+
+def token_logprobs(
+    model: torch.nn.Module, batch: TokenBatch, *, temperature: float = 1.0, with_entropy: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(logprobs, entropy), each (B, T-1): log p(x_{t+1} | x_{<=t}) and the entropy at t.
+
+    Positions outside the completion hold values the caller must mask with `completion_mask`.
+    """
+    out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False)
+    logits = out.logits[:, :-1, :].float()  # (B, T-1, V)
+    if temperature != 1.0:
+        logits = logits / temperature
+    targets = batch.input_ids[:, 1:].unsqueeze(-1)  # (B, T-1, 1)
+    lse = torch.logsumexp(logits, dim=-1)  # (B, T-1)
+    logp = logits.gather(-1, targets).squeeze(-1) - lse  # (B, T-1)
+    entropy = None
+    if with_entropy:
+        probs = torch.softmax(logits, dim=-1)  # (B, T-1, V)
+        entropy = lse - (probs * logits).sum(-1)  # (B, T-1)
+    return logp, entropy
+
+
+def completion_logprobs(
+    model: torch.nn.Module, prompt_ids: Sequence[int], completion_ids: Sequence[int], pad_id: int
+) -> torch.Tensor:
+    """(C,) log-probabilities of one completion's tokens given its prompt, no gradient."""
+    batch = make_batch([prompt_ids], [completion_ids], pad_id)
+    with torch.no_grad():
+        logp, _ = token_logprobs(model, batch)
+    start = len(prompt_ids) - 1
+    return logp[0, start : start + len(completion_ids)]

@@ -1,0 +1,38 @@
+"""Shared fixtures: a real Redis server per test session, a clean database per test."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+os.environ.setdefault("TLDEXTRACT_PUBLIC_SUFFIX_LIST_URLS", "")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest
+import redis
+
+from deploy.embedded_redis import RedisProcess, start_redis
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory) -> RedisProcess:
+    """A real redis-server on a free port, in a temp dir, for the whole session."""
+    server = start_redis(tmp_path_factory.mktemp("redis"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def redis_url(redis_server: RedisProcess) -> str:
+    """The session server's URL, with its database flushed before the test."""
+    with redis.Redis.from_url(redis_server.url) as r:
+        r.flushall()
+    return redis_server.url
+
+
+@pytest.fixture
+def redis_client(redis_url: str) -> redis.Redis:
+    client = redis.Redis.from_url(redis_url)
+    yield client
+    client.close()
