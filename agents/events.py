@@ -21,6 +21,12 @@ POLICY_PREFIX = "arloop:policy"
 POLICY_ALIASES = "arloop:policy:aliases"  # hash: alias -> version
 POLICY_CHANNEL = "arloop:policy:changed"  # pub/sub: a version or alias moved
 LEARNER_GROUP = "learner"
+# Serving-side keys (agent API): thread state and records, long-term memory, feedback guards.
+CHECKPOINT_PREFIX = "arloop:lg"  # LangGraph thread checkpoints (langgraph-checkpoint-plainredis)
+THREAD_PREFIX = "arloop:thread"  # hash per thread: owner, agent, policy arm; plus a run lock
+MEMORY_PREFIX = "arloop:memory"  # lists per user and task kind: reflections, facts
+FEEDBACK_SEEN_PREFIX = "arloop:feedback:seen"  # replay markers per trajectory and kind
+RATE_PREFIX = "arloop:rate"  # per-user rate-limit windows
 
 
 def new_id(prefix: str) -> str:

@@ -1,0 +1,93 @@
+"""Feedback tokens: HMAC-SHA256 over trajectory id, user id, policy version and expiry."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import time
+from dataclasses import dataclass
+
+
+class TokenError(ValueError):
+    """A token that cannot be accepted; `status` is 401 (not valid) or 403 (not yours)."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class TokenClaims:
+    """What a token vouches for."""
+
+    trajectory_id: str
+    user_id: str
+    policy_version: str
+    expires_at: int
+
+
+def sign(secret: str, claims: TokenClaims) -> str:
+    """`<payload>.<mac>`, both base64url without padding."""
+    body = json.dumps(
+        [claims.trajectory_id, claims.user_id, claims.policy_version, claims.expires_at],
+        separators=(",", ":"),
+    ).encode()
+    payload = _b64(body)
+    return f"{payload}.{_b64(_mac(secret, payload))}"
+
+
+def issue(secret: str, trajectory_id: str, user_id: str, policy_version: str, ttl_s: int) -> str:
+    """A token for one trajectory, valid `ttl_s` seconds from now."""
+    expires = int(time.time()) + ttl_s
+    return sign(secret, TokenClaims(trajectory_id, user_id, policy_version, expires))
+
+
+def verify(secret: str, token: str | None, *, now: float | None = None) -> TokenClaims:
+    """The claims of a genuine, unexpired token; TokenError(401) otherwise."""
+    if not token:
+        raise TokenError(401, "feedback_token is missing: send the token the run returned")
+    claims = _decode(secret, token)
+    if claims is None:
+        raise TokenError(401, "feedback_token is not valid (altered or not issued by this service)")
+    if claims.expires_at < (time.time() if now is None else now):
+        raise TokenError(401, "feedback_token has expired")
+    return claims
+
+
+def check_scope(claims: TokenClaims, trajectory_id: str, user_id: str | None) -> None:
+    """TokenError(403) when the token is for another trajectory or another user."""
+    if claims.trajectory_id != trajectory_id:
+        raise TokenError(403, "feedback_token belongs to another trajectory")
+    if user_id is not None and user_id != claims.user_id:
+        raise TokenError(403, "feedback_token belongs to another user")
+
+
+def _decode(secret: str, token: str) -> TokenClaims | None:
+    payload, _, mac = token.partition(".")
+    try:
+        if not hmac.compare_digest(_unb64(mac), _mac(secret, payload)):
+            return None
+        claims = TokenClaims(*json.loads(_unb64(payload)))
+    except (ValueError, TypeError):
+        return None
+    return claims if _well_formed(claims) else None
+
+
+def _well_formed(claims: TokenClaims) -> bool:
+    texts = (claims.trajectory_id, claims.user_id, claims.policy_version)
+    return all(isinstance(v, str) for v in texts) and isinstance(claims.expires_at, int)
+
+
+def _mac(secret: str, payload: str) -> bytes:
+    return hmac.new(secret.encode(), payload.encode(), hashlib.sha256).digest()
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def _unb64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))

@@ -1,0 +1,107 @@
+"""What the nodes of one run share: policy, tools, memory, the step log; and message plumbing."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, SystemMessage, ToolMessage
+
+from agents.events import ModelStep, StepEvent, ToolStep
+from agents.memory import LongTermMemory
+from agents.policy_client import PolicyClient
+from tools.base import ToolResult
+from tools.registry import ToolRegistry
+
+
+@dataclass
+class RunContext:
+    """Run-scoped context handed to every graph node (LangGraph `context_schema`)."""
+
+    policy: PolicyClient
+    tools: ToolRegistry
+    system_prompt: str
+    user_id: str
+    task_kind: str | None = None
+    arm: str | None = None
+    memory: LongTermMemory | None = None
+    verifier: ToolRegistry | None = None
+    max_steps: int = 6
+    steps: list[StepEvent] = field(default_factory=list)
+
+    async def call_model(
+        self, messages: list[dict[str, Any]], *, with_tools: bool = True
+    ) -> ModelStep:
+        """One policy call, appended to the step log."""
+        specs = self.tools.specs() if with_tools else []
+        step = await self.policy.complete(messages, specs, arm=self.arm, index=len(self.steps))
+        self.steps.append(step)
+        return step
+
+    async def call_tool(
+        self, registry: ToolRegistry, name: str, arguments: str | dict, call_id: str
+    ) -> ToolResult:
+        """One sandboxed tool call, appended to the step log."""
+        result = await registry.call(name, arguments, call_id)
+        self.record_tool(result)
+        return result
+
+    def record_tool(self, result: ToolResult) -> None:
+        self.steps.append(tool_step(result, len(self.steps)))
+
+
+def tool_step(result: ToolResult, index: int) -> ToolStep:
+    return ToolStep(
+        index=index, call_id=result.call_id, name=result.name, arguments=result.arguments,
+        output=result.output, error=result.error, truncated=result.truncated,
+        latency_ms=result.latency_ms,
+    )  # fmt: skip
+
+
+def ai_message(step: ModelStep) -> AIMessage:
+    """The thread's assistant message for a model step; raw tool calls kept as written."""
+    if not step.tool_calls:
+        return AIMessage(content=step.output or "")
+    raw = [
+        {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+        for c in step.tool_calls
+    ]
+    return AIMessage(content=step.output or "", additional_kwargs={"tool_calls": raw})
+
+
+def pending_tool_calls(message: AnyMessage) -> list[dict[str, Any]]:
+    """The OpenAI-format tool calls an assistant message asks for (empty when none)."""
+    if not isinstance(message, AIMessage):
+        return []
+    return message.additional_kwargs.get("tool_calls") or []
+
+
+def to_openai(messages: list[AnyMessage], system_prompt: str | None = None) -> list[dict]:
+    """Chat messages in OpenAI wire format, the system prompt first."""
+    wire: list[dict[str, Any]] = []
+    if system_prompt:
+        wire.append({"role": "system", "content": system_prompt})
+    for m in messages:
+        wire.append(_wire(m))
+    return wire
+
+
+def _wire(m: AnyMessage) -> dict[str, Any]:
+    if isinstance(m, SystemMessage):
+        return {"role": "system", "content": _text(m)}
+    if isinstance(m, HumanMessage):
+        return {"role": "user", "content": _text(m)}
+    if isinstance(m, ToolMessage):
+        return {"role": "tool", "tool_call_id": m.tool_call_id, "content": _text(m)}
+    if isinstance(m, AIMessage):
+        calls = pending_tool_calls(m)
+        if calls:  # no content key without text: litellm drops a null one on the wire
+            text = {"content": _text(m)} if _text(m) else {}
+            return {"role": "assistant", **text, "tool_calls": calls}
+        return {"role": "assistant", "content": _text(m)}
+    raise TypeError(f"cannot send a {type(m).__name__} to the policy")
+
+
+def _text(m: AnyMessage) -> str:
+    return m.content if isinstance(m.content, str) else json.dumps(m.content)

@@ -1,0 +1,223 @@
+"""Agent specs and the runtime that runs one agent run on a thread and records it."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import redis
+import redis.asyncio as aioredis
+from langchain_core.messages import RemoveMessage
+
+from agents.checkpoints import make_checkpointer
+from agents.events import ModelStep, RunStatus, TrajectoryEvent, new_id
+from agents.memory import LongTermMemory
+from agents.policy_client import PolicyClient, PolicyConfig
+from agents.react import build_react, run_input
+from agents.reflexion import build_reflexion, reflexion_input
+from agents.run_context import RunContext
+from agents.threads import ThreadLease, Threads
+from agents.trajectory_sink import Scrub, TrajectorySink
+from tools.base import Tool
+from tools.registry import ToolRegistry
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class AgentSpec:
+    """One servable agent: its prompt, tools and loop (data; packs build these)."""
+
+    name: str
+    description: str
+    system_prompt: str
+    kind: Literal["react", "reflexion"] = "react"
+    tools: tuple[Tool, ...] = ()
+    verifier: Tool | None = None
+    """Reflexion only: judges each attempt (called with `question` and `answer`)."""
+    task_kind: str | None = None
+    """Long-term memory is kept per user and task kind."""
+    max_steps: int = 6
+    """Model calls per run (per attempt for Reflexion) before the step budget stops it."""
+    max_attempts: int = 2
+    """Reflexion only: attempts per run, the first included."""
+
+    def public(self) -> dict[str, Any]:
+        """What `GET /v1/agents` shows."""
+        return {
+            "name": self.name, "description": self.description, "kind": self.kind,
+            "tools": [t.name for t in self.tools], "task_kind": self.task_kind,
+        }  # fmt: skip
+
+
+class UnknownAgent(KeyError):
+    """No agent of that name runs here."""
+
+
+@dataclass
+class _Agent:
+    spec: AgentSpec
+    graph: Any
+    tools: ToolRegistry
+    verifier: ToolRegistry | None
+
+    def start(self, text: str) -> dict[str, Any]:
+        if self.spec.kind == "reflexion":
+            return reflexion_input(text, self.spec.max_steps, self.spec.max_attempts)
+        return run_input(text, self.spec.max_steps)
+
+    @property
+    def recursion_limit(self) -> int:
+        return (2 * self.spec.max_steps + 4) * max(1, self.spec.max_attempts) + 4
+
+
+class AgentRuntime:
+    """Runs agents on Redis-backed threads and sinks one TrajectoryEvent per run."""
+
+    def __init__(
+        self,
+        specs: list[AgentSpec],
+        *,
+        policy: PolicyClient,
+        threads: Threads,
+        sink: TrajectorySink,
+        checkpointer: Any = None,
+        memory: LongTermMemory | None = None,
+        durability: Literal["sync", "async", "exit"] = "exit",
+    ) -> None:
+        self.policy = policy
+        self.threads = threads
+        self.sink = sink
+        self.memory = memory
+        self.durability = durability if checkpointer is not None else None
+        self.agents = {s.name: self._compile(s, checkpointer) for s in specs}
+
+    @classmethod
+    def on_redis(
+        cls,
+        client: aioredis.Redis,
+        specs: list[AgentSpec],
+        policy: PolicyConfig,
+        *,
+        canary_share: float = 0.0,
+        scrub: Scrub | None = None,
+        thread_ttl_s: int | None = None,
+        lock_s: float = 300.0,
+        memory_max_items: int = 200,
+        rng: random.Random | None = None,
+        durability: Literal["sync", "async", "exit"] = "exit",
+    ) -> AgentRuntime:
+        """The runtime with everything on one Redis: threads, checkpoints, memory, sink."""
+        threads = Threads(client, canary_share=canary_share if policy.versioned else 0.0,
+                          lock_s=lock_s, ttl_s=thread_ttl_s, rng=rng)  # fmt: skip
+        return cls(
+            specs, policy=PolicyClient(policy), threads=threads,
+            sink=TrajectorySink(client, scrub),
+            checkpointer=make_checkpointer(client, thread_ttl_s),
+            memory=LongTermMemory(client, max_items=memory_max_items, scrub=scrub),
+            durability=durability,
+        )  # fmt: skip
+
+    @staticmethod
+    def _compile(spec: AgentSpec, checkpointer: Any) -> _Agent:
+        build = build_reflexion if spec.kind == "reflexion" else build_react
+        verifier = ToolRegistry([spec.verifier]) if spec.verifier else None
+        return _Agent(spec, build(checkpointer), ToolRegistry(spec.tools), verifier)
+
+    def spec(self, name: str) -> AgentSpec:
+        if name not in self.agents:
+            raise UnknownAgent(name)
+        return self.agents[name].spec
+
+    async def run(
+        self,
+        agent: str,
+        text: str,
+        user_id: str,
+        thread_id: str | None = None,
+        metadata: dict[str, str] | None = None,
+    ) -> TrajectoryEvent:
+        """Run `agent` on the thread, sink the trajectory, return it (unscrubbed)."""
+        self.spec(agent)
+        entry = self.agents[agent]
+        lease = await self.threads.open(thread_id or new_id("th"), user_id, agent)
+        ctx = self._context(entry, user_id, lease.arm)
+        started, start = time.time(), entry.start(text)
+        config = self._config(entry, lease)
+        try:
+            state = await entry.graph.ainvoke(start, config, context=ctx,
+                                              durability=self.durability)  # fmt: skip
+        except BaseException:
+            await self._forget_failed_run(entry, config, start["messages"][0].id)
+            await self._release(lease)
+            raise
+        event = self._trajectory(entry, ctx, state, lease, text, started, metadata or {})
+        # Independent round trips, overlapped: the XADD still lands before we answer.
+        await asyncio.gather(self.sink.write(event), self._release(lease))
+        return event
+
+    def _context(self, entry: _Agent, user_id: str, arm: str) -> RunContext:
+        spec = entry.spec
+        return RunContext(
+            policy=self.policy, tools=entry.tools, system_prompt=spec.system_prompt,
+            user_id=user_id, task_kind=spec.task_kind, arm=arm, memory=self.memory,
+            verifier=entry.verifier, max_steps=spec.max_steps,
+        )  # fmt: skip
+
+    @staticmethod
+    def _config(entry: _Agent, lease: ThreadLease) -> dict[str, Any]:
+        return {"configurable": {"thread_id": lease.thread_id},
+                "recursion_limit": entry.recursion_limit}  # fmt: skip
+
+    async def _forget_failed_run(self, entry: _Agent, config: dict, first_id: str) -> None:
+        """A failed run leaves its thread as it was: drop the messages it added."""
+        if self.durability is None:
+            return
+        try:
+            snapshot = await entry.graph.aget_state(config)
+            ids = [m.id for m in snapshot.values.get("messages", [])]
+            if first_id in ids:
+                gone = [RemoveMessage(id=i) for i in ids[ids.index(first_id):]]
+                await entry.graph.aupdate_state(config, {"messages": gone})
+        except Exception:  # noqa: BLE001 -- Redis down too: then nothing was written either
+            log.warning("could not roll back the failed run on %s", config["configurable"])
+
+    async def _release(self, lease: ThreadLease) -> None:
+        try:
+            await self.threads.release(lease)
+        except redis.RedisError:  # the lock expires by itself; keep the run's own error
+            log.warning("could not release thread %s", lease.thread_id)
+
+    def _trajectory(
+        self,
+        entry: _Agent,
+        ctx: RunContext,
+        state: dict[str, Any],
+        lease: ThreadLease,
+        text: str,
+        started: float,
+        metadata: dict[str, str],
+    ) -> TrajectoryEvent:
+        model_steps = [s for s in ctx.steps if isinstance(s, ModelStep)]
+        version = model_steps[-1].policy_version if model_steps else ctx.policy.model_for(ctx.arm)
+        if entry.spec.kind == "reflexion":
+            attempts = entry.spec.max_attempts - state["attempts_left"]
+            metadata = metadata | {"arloop.verdict": state["verdict"],
+                                   "arloop.attempts": str(attempts)}  # fmt: skip
+        return TrajectoryEvent(
+            event_id=new_id("traj"), thread_id=lease.thread_id, agent=entry.spec.name,
+            task_kind=entry.spec.task_kind, user_id=ctx.user_id, input=text,
+            output=final_output(state), policy_version=version, steps=list(ctx.steps),
+            status=RunStatus(state["status"]), started_at=started, finished_at=time.time(),
+            metadata=metadata,
+        )  # fmt: skip
+
+
+def final_output(state: dict[str, Any]) -> str:
+    last = state["messages"][-1]
+    return last.content if isinstance(last.content, str) else str(last.content)
+

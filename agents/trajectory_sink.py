@@ -1,0 +1,92 @@
+"""The trajectory sink: each finished run is one `TrajectoryEvent` XADDed to the stream.
+
+With a scrubber, every text (input, output, message contents, tool arguments and outputs)
+is scrubbed first. Token ids would carry the raw text too, so a step whose prompt text
+changed loses its `prompt_token_ids`, and one whose output changed loses its completion
+token ids and logprobs: no raw PHI reaches Redis, not even as token ids.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from agents.events import STREAM_TRAJECTORIES, ModelStep, ToolStep, TrajectoryEvent, encode
+
+Scrub = Callable[[str], str]
+
+
+class TrajectorySink:
+    """Writes finished runs to `STREAM_TRAJECTORIES` (scrubbed when a scrubber is given)."""
+
+    def __init__(self, client: aioredis.Redis, scrub: Scrub | None = None) -> None:
+        self.client = client
+        self.scrub = scrub
+
+    async def write(self, event: TrajectoryEvent) -> str:
+        """XADD the event; returns the stream entry id."""
+        if self.scrub is not None:  # CPU-heavy (presidio): off the event loop
+            event = await asyncio.to_thread(scrub_trajectory, event, self.scrub)
+        entry_id = await self.client.xadd(STREAM_TRAJECTORIES, encode(event))
+        return entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+
+
+def scrub_trajectory(event: TrajectoryEvent, scrub: Scrub) -> TrajectoryEvent:
+    """The event with every text scrubbed (each distinct text scrubbed once)."""
+    memo: dict[str, str] = {}
+
+    def s(text: str) -> str:
+        if text not in memo:
+            memo[text] = scrub(text)
+        return memo[text]
+
+    steps = [_model_step(st, s) if isinstance(st, ModelStep) else _tool_step(st, s)
+             for st in event.steps]  # fmt: skip
+    return event.model_copy(update={"input": s(event.input), "output": s(event.output),
+                                    "steps": steps})  # fmt: skip
+
+
+def _model_step(step: ModelStep, s: Scrub) -> ModelStep:
+    messages = [_message(m, s) for m in step.messages]
+    output = s(step.output) if step.output else step.output
+    calls = [c.model_copy(update={"arguments": s(c.arguments)}) for c in step.tool_calls]
+    update: dict[str, Any] = {"messages": messages, "output": output, "tool_calls": calls}
+    if messages != step.messages:
+        update["prompt_token_ids"] = None
+    if output != step.output or calls != step.tool_calls:
+        update |= {"completion_token_ids": None, "logprobs": None}
+    return step.model_copy(update=update)
+
+
+def _tool_step(step: ToolStep, s: Scrub) -> ToolStep:
+    return step.model_copy(update={"arguments": _json(step.arguments, s), "output": s(step.output)})
+
+
+def _message(message: dict[str, Any], s: Scrub) -> dict[str, Any]:
+    out = dict(message)
+    if isinstance(out.get("content"), str):
+        out["content"] = s(out["content"])
+    if out.get("tool_calls"):
+        out["tool_calls"] = [_wire_call(c, s) for c in out["tool_calls"]]
+    return out
+
+
+def _wire_call(call: dict[str, Any], s: Scrub) -> dict[str, Any]:
+    function = dict(call.get("function") or {})
+    if isinstance(function.get("arguments"), str):
+        function["arguments"] = s(function["arguments"])
+    return {**call, "function": function}
+
+
+def _json(value: Any, s: Scrub) -> Any:
+    """Scrub every string inside a JSON-like value."""
+    if isinstance(value, str):
+        return s(value)
+    if isinstance(value, dict):
+        return {k: _json(v, s) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_json(v, s) for v in value]
+    return value

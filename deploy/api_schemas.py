@@ -1,0 +1,70 @@
+"""Request and response bodies of the agent API (validated: bad input is a 4xx with a reason)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
+
+UserId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.@+-]{1,128}$")]
+ThreadId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.-]{1,128}$")]
+MAX_METADATA_KEYS = 16
+MAX_METADATA_VALUE = 512
+RESERVED_PREFIX = "arloop."  # keys the runtime itself writes
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class RunRequest(_Body):
+    """`POST /v1/agents/{agent}/runs`."""
+
+    input: str = Field(min_length=1, description="The user's message.")
+    user_id: UserId
+    thread_id: ThreadId | None = Field(None, description="Continue this thread; new if unset.")
+    metadata: dict[str, str] = Field(
+        default_factory=dict,
+        description=f"Up to {MAX_METADATA_KEYS} string pairs copied into the trajectory.",
+    )
+
+    @field_validator("metadata")
+    @classmethod
+    def _small_and_plain(cls, value: dict[str, str]) -> dict[str, str]:
+        if len(value) > MAX_METADATA_KEYS:
+            raise ValueError(f"at most {MAX_METADATA_KEYS} metadata keys")
+        for key, item in value.items():
+            if not 1 <= len(key) <= 64 or key.startswith(RESERVED_PREFIX):
+                raise ValueError(f"metadata key {key[:70]!r}: 1-64 characters, not 'arloop.*'")
+            if len(item) > MAX_METADATA_VALUE:
+                raise ValueError(f"metadata value of {key!r} is over {MAX_METADATA_VALUE} chars")
+        return value
+
+
+class RunResponse(BaseModel):
+    trajectory_id: str
+    thread_id: str
+    output: str
+    policy_version: str
+    feedback_token: str
+    status: str
+
+
+class FeedbackRequest(_Body):
+    """`POST /v1/feedback`."""
+
+    trajectory_id: str = Field(min_length=1, max_length=128)
+    feedback_token: str | None = Field(None, max_length=2048)
+    kind: str = Field(max_length=32, description="thumbs, rating, correction or outcome.")
+    value: float | None = Field(None, allow_inf_nan=False)
+    text: str | None = Field(None, max_length=8000)
+    user_id: UserId | None = None
+    turn: int | None = Field(None, ge=0, le=100_000)
+
+
+class FeedbackAccepted(BaseModel):
+    event_id: str
+
+
+class AgentList(BaseModel):
+    agents: list[dict[str, Any]]

@@ -1,0 +1,80 @@
+"""The sink: one event per run on the stream; scrubbed texts drop the token ids they touch."""
+
+from __future__ import annotations
+
+from agents.events import (
+    STREAM_TRAJECTORIES,
+    ModelStep,
+    ToolCallRequest,
+    ToolStep,
+    TrajectoryEvent,
+    decode,
+)
+from agents.trajectory_sink import TrajectorySink, scrub_trajectory
+
+
+def scrub(text: str) -> str:
+    return text.replace("Alice", "<PERSON>")
+
+
+def model_step(index: int, prompt: str, output: str | None, args: str | None = None) -> ModelStep:
+    calls = [ToolCallRequest(id="c1", name="lookup", arguments=args)] if args else []
+    return ModelStep(
+        index=index, messages=[{"role": "user", "content": prompt}], output=output,
+        tool_calls=calls, model="arloop", policy_version="v1", prompt_token_ids=[1, 2],
+        completion_token_ids=[3], logprobs=[-0.5], latency_ms=1.0,
+    )  # fmt: skip
+
+
+def trajectory(*steps) -> TrajectoryEvent:
+    return TrajectoryEvent(
+        event_id="traj_1", thread_id="th", agent="triage", user_id="u1",
+        input="Alice has a cough", output="Rest, Alice.", policy_version="v1",
+        steps=list(steps), started_at=1.0, finished_at=2.0,
+    )  # fmt: skip
+
+
+def test_scrubbing_drops_token_ids_only_where_text_changed():
+    event = trajectory(
+        model_step(0, "Alice has a cough", None, '{"who": "Alice"}'),
+        ToolStep(index=1, call_id="c1", name="lookup", arguments={"who": ["Alice", 3]},
+                 output="Alice: no record", latency_ms=1.0),
+        model_step(2, "no names here", "Rest, Alice."),
+        model_step(3, "no names here", "Rest well."),
+    )  # fmt: skip
+    clean = scrub_trajectory(event, scrub)
+    first, tool, third, fourth = clean.steps
+    assert "Alice" not in clean.model_dump_json()
+    assert clean.input == "<PERSON> has a cough" and clean.output == "Rest, <PERSON>."
+    assert first.prompt_token_ids is None and first.completion_token_ids is None
+    assert first.tool_calls[0].arguments == '{"who": "<PERSON>"}' and first.logprobs is None
+    assert tool.arguments == {"who": ["<PERSON>", 3]} and tool.output == "<PERSON>: no record"
+    assert third.prompt_token_ids == [1, 2] and third.completion_token_ids is None
+    assert third.logprobs is None
+    assert fourth == event.steps[3]  # untouched steps keep their tokens
+
+
+def test_scrubbing_covers_assistant_tool_calls_inside_messages():
+    step = model_step(0, "hi", "ok").model_copy(update={"messages": [
+        {"role": "assistant", "tool_calls": [
+            {"id": "c", "type": "function", "function": {"name": "f", "arguments": "Alice"}}]},
+        {"role": "tool", "tool_call_id": "c", "content": "Alice found"},
+    ]})  # fmt: skip
+    clean = scrub_trajectory(trajectory(step), scrub)
+    assert "Alice" not in clean.model_dump_json() and clean.steps[0].prompt_token_ids is None
+
+
+async def test_sink_writes_one_scrubbed_event(aredis):
+    event = trajectory(model_step(0, "Alice has a cough", "Rest."))
+    entry_id = await TrajectorySink(aredis, scrub).write(event)
+    [(stream_id, fields)] = await aredis.xrange(STREAM_TRAJECTORIES)
+    assert stream_id.decode() == entry_id
+    stored = decode(fields)
+    assert stored == scrub_trajectory(event, scrub) and b"Alice" not in fields[b"data"]
+
+
+async def test_sink_without_scrubber_writes_the_event_as_is(aredis):
+    event = trajectory(model_step(0, "Alice has a cough", "Rest."))
+    await TrajectorySink(aredis).write(event)
+    [(_, fields)] = await aredis.xrange(STREAM_TRAJECTORIES)
+    assert decode(fields) == event

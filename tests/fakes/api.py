@@ -1,0 +1,73 @@
+"""Start the agent API over real HTTP for tests: `start_api(**settings)` → an `Api` handle."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import httpx
+import pytest
+
+from agents.runtime import AgentSpec
+from deploy.agent_api import create_app
+from deploy.settings import AgentApiSettings
+from tests.fakes.servers import ServerThread
+from tests.fakes.tools import Add, ExpectVerifier
+
+API_KEY = "test-key"
+SECRET = "test-secret-" + "x" * 32
+
+
+def api_specs() -> list[AgentSpec]:
+    """A ReAct tutor with `add`, and a Reflexion solver checked by a verifier."""
+    return [
+        AgentSpec(name="tutor", description="adds", system_prompt="You add.", tools=(Add(),),
+                  task_kind="tutoring"),
+        AgentSpec(name="solver", description="adds, checked", system_prompt="You add.",
+                  kind="reflexion", tools=(Add(),), verifier=ExpectVerifier("5"),
+                  task_kind="arithmetic"),
+    ]  # fmt: skip
+
+
+@dataclass
+class Api:
+    server: ServerThread
+    http: httpx.Client
+    settings: AgentApiSettings
+
+    def run(self, text: str, user: str = "u1", agent: str = "tutor", **extra) -> httpx.Response:
+        return self.http.post(f"/v1/agents/{agent}/runs",
+                              json={"input": text, "user_id": user, **extra})  # fmt: skip
+
+    def feedback(self, **body) -> httpx.Response:
+        return self.http.post("/v1/feedback", json=body)
+
+    def stop(self) -> None:
+        self.http.close()
+        self.server.stop()
+
+
+@pytest.fixture
+def start_api(redis_url, llm):
+    """Start agent API instances (stopped after the test) on the test Redis and scripted model."""
+    started: list[Api] = []
+
+    def start(*, specs="test", scrubber=None, rng=None, **overrides) -> Api:
+        """`specs=None` serves the configured packs; the default serves `api_specs()`."""
+        base = {
+            "redis_url": redis_url, "policy_api_base": llm.base_url, "policy_api_key": "k",
+            "policy_retries": 0, "policy_timeout_s": 5.0, "api_keys": [API_KEY],
+            "secret_key": SECRET, "scrub_phi": False, "canary_share": 0.0,
+        }  # fmt: skip
+        settings = AgentApiSettings(_env_file=None, **(base | overrides))
+        app = create_app(settings, specs=api_specs() if specs == "test" else specs,
+                         scrubber=scrubber, rng=rng or random.Random(0))  # fmt: skip
+        server = ServerThread(app).start()
+        headers = {"Authorization": f"Bearer {API_KEY}"}
+        api = Api(server, httpx.Client(base_url=server.url, headers=headers, timeout=30), settings)
+        started.append(api)
+        return api
+
+    yield start
+    for api in started:
+        api.stop()

@@ -1,0 +1,172 @@
+"""A scripted OpenAI-compatible `/v1/chat/completions` served over real HTTP.
+
+Answers come from a queue of `Reply`s (then from an optional responder function), each with
+token ids, per-token logprobs and a `system_fingerprint`, the way arloop's policy server and
+vLLM (`return_token_ids`) answer. Every request and response is kept for assertions.
+
+Run alone (benchmarks): `python -m tests.fakes.scripted_llm --port 8101 --tool-steps 3`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import re
+import time
+import zlib
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+DEFAULT_FINGERPRINT = "fake-v0"
+
+
+@dataclass
+class Reply:
+    """One scripted answer: text, tool calls `(name, arguments JSON)`, or an HTTP error."""
+
+    content: str | None = None
+    tool_calls: list[tuple[str, str]] = field(default_factory=list)
+    fingerprint: str | None = None  # None: from the model name; "": leave the field out
+    status: int = 200
+    delay_s: float = 0.0
+    token_info: bool = True  # False: no token ids or logprobs, like most hosted providers
+
+
+def token_ids(text: str) -> list[int]:
+    """Deterministic fake token ids: one per word or space."""
+    return [zlib.crc32(piece.encode()) % 50_000 for piece in re.findall(r"\S+|\s", text)]
+
+
+def fake_logprob(token_id: int) -> float:
+    return -((token_id % 997) + 1) / 1000
+
+
+def completion_text(reply: Reply) -> str:
+    """What the model 'wrote': the text, or Hermes-style tool calls."""
+    calls = [
+        f'<tool_call>{{"name": "{name}", "arguments": {args}}}</tool_call>'
+        for name, args in reply.tool_calls
+    ]
+    return "".join(calls) or (reply.content or "")
+
+
+class ScriptedLLM:
+    """The endpoint's script and its log; `app` is the ASGI app to serve."""
+
+    def __init__(
+        self,
+        replies: list[Reply] = (),
+        *,
+        responder: Callable[[dict[str, Any]], Reply] | None = None,
+        fingerprints: dict[str, str] | None = None,
+    ) -> None:
+        self.queue: deque[Reply] = deque(replies)
+        self.responder = responder
+        self.fingerprints = fingerprints or {}
+        self.requests: list[dict[str, Any]] = []
+        self.responses: list[dict[str, Any]] = []
+        self.app = Starlette(routes=[Route("/v1/chat/completions", self._chat, methods=["POST"])])
+
+    def push(self, *replies: Reply) -> None:
+        self.queue.extend(replies)
+
+    def _next(self, request: dict[str, Any]) -> Reply | None:
+        if self.queue:
+            return self.queue.popleft()
+        return self.responder(request) if self.responder else None
+
+    async def _chat(self, http: Request) -> JSONResponse:
+        request = await http.json()
+        self.requests.append(request)
+        reply = self._next(request)
+        if reply is None:
+            return JSONResponse({"error": {"message": "script exhausted"}}, status_code=500)
+        if reply.delay_s:
+            await asyncio.sleep(reply.delay_s)
+        if reply.status != 200:
+            return JSONResponse({"error": {"message": "scripted failure"}}, reply.status)
+        body = self.render(request, reply)
+        self.responses.append(body)
+        return JSONResponse(body)
+
+    def render(self, request: dict[str, Any], reply: Reply) -> dict[str, Any]:
+        """The chat.completion body for one scripted reply."""
+        n = len(self.responses)
+        text = completion_text(reply)
+        ids = token_ids(text)
+        message: dict[str, Any] = {"role": "assistant", "content": reply.content}
+        if reply.tool_calls:
+            message["tool_calls"] = [
+                {"id": f"call_{n}_{i}", "type": "function",
+                 "function": {"name": name, "arguments": args}}
+                for i, (name, args) in enumerate(reply.tool_calls)
+            ]  # fmt: skip
+        choice = {
+            "index": 0,
+            "message": message,
+            "finish_reason": "tool_calls" if reply.tool_calls else "stop",
+            "token_ids": ids,
+            "logprobs": {"content": [
+                {"token": str(t), "logprob": fake_logprob(t), "bytes": None, "top_logprobs": []}
+                for t in ids
+            ]},
+        }  # fmt: skip
+        prompt_ids = token_ids(json.dumps(request.get("messages", [])))
+        body = {
+            "id": f"chatcmpl-{n}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": request.get("model", "fake"),
+            "prompt_token_ids": prompt_ids,
+            "choices": [choice],
+            "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": len(ids),
+                      "total_tokens": len(prompt_ids) + len(ids)},
+        }  # fmt: skip
+        if not reply.token_info:
+            del body["prompt_token_ids"], choice["token_ids"], choice["logprobs"]
+        fingerprint = reply.fingerprint
+        if fingerprint is None:
+            fingerprint = self.fingerprints.get(body["model"], DEFAULT_FINGERPRINT)
+        if fingerprint:
+            body["system_fingerprint"] = fingerprint
+        return body
+
+
+def tool_loop_responder(tool: str, arguments: str, steps: int) -> Callable[[dict], Reply]:
+    """Call `tool` `steps` times after the last user message, then answer."""
+
+    def respond(request: dict[str, Any]) -> Reply:
+        messages = request.get("messages", [])
+        last_user = max(i for i, m in enumerate(messages) if m.get("role") == "user")
+        done = sum(1 for m in messages[last_user:] if m.get("role") == "tool")
+        if done < steps:
+            return Reply(tool_calls=[(tool, arguments)])
+        return Reply(content=f"Done after {done} tool calls.")
+
+    return respond
+
+
+def main() -> None:
+    import uvicorn
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--tool", default="calculator")
+    parser.add_argument("--arguments", default='{"expression": "2+3"}')
+    parser.add_argument("--tool-steps", type=int, default=3)
+    opts = parser.parse_args()
+    llm = ScriptedLLM(responder=tool_loop_responder(opts.tool, opts.arguments, opts.tool_steps))
+    uvicorn.run(llm.app, host="127.0.0.1", port=opts.port, log_level="warning",
+                loop="uvloop", http="httptools", access_log=False)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
