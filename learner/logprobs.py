@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -43,7 +45,11 @@ def make_batch(
 
 
 def token_logprobs(
-    model: torch.nn.Module, batch: TokenBatch, *, temperature: float = 1.0, with_entropy: bool = False
+    model: torch.nn.Module,
+    batch: TokenBatch,
+    *,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(logprobs, entropy), each (B, T-1): log p(x_{t+1} | x_{<=t}) and the entropy at t.
 
@@ -72,3 +78,59 @@ def completion_logprobs(
         logp, _ = token_logprobs(model, batch)
     start = len(prompt_ids) - 1
     return logp[0, start : start + len(completion_ids)]
+
+
+def selected_logprobs(
+    model: torch.nn.Module,
+    batch: TokenBatch,
+    *,
+    with_entropy: bool = False,
+    entropy_grad: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(logprobs, entropy), each (N,): only the N tokens where `completion_mask` is 1, row by row.
+
+    The LM head (a 49k x 576 matrix for SmolLM2, a fifth of the forward) runs only on those
+    positions, through transformers' boolean `logits_to_keep`: no logits for prompt, masked or
+    padding tokens. Models without that argument fall back to full logits, then selection.
+    """
+    keep = batch.completion_mask > 0  # (B, T-1): position t predicts token t+1
+    targets = batch.input_ids[:, 1:][keep]  # (N,)
+    if _accepts_logits_to_keep(model):
+        # (B, T): the last position predicts nothing
+        positions = torch.nn.functional.pad(keep, (0, 1))
+        out = model(
+            input_ids=batch.input_ids,
+            attention_mask=batch.attention_mask,
+            logits_to_keep=positions,
+            use_cache=False,
+        )
+        logits = out.logits.float()  # (N, V)
+    else:
+        out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False)
+        logits = out.logits[:, :-1, :][keep].float()  # (N, V)
+    # one fused kernel each way, where logsumexp + gather take several passes over (N, V)
+    log_probs = torch.log_softmax(logits, dim=-1)  # (N, V)
+    logp = log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (N,)
+    entropy = None
+    if with_entropy:
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            entropy = -(log_probs.exp() * log_probs).sum(-1)  # (N,)
+    return logp, entropy
+
+
+def _accepts_logits_to_keep(model: torch.nn.Module) -> bool:
+    import transformers.modeling_utils as mu
+
+    if not hasattr(mu, "slice_logits_to_keep"):  # older transformers: no boolean (B, T) selection
+        return False
+    inner = model
+    while hasattr(inner, "module"):  # DDP / accelerate wrappers
+        inner = inner.module
+    if hasattr(inner, "get_base_model"):  # peft passes the argument through to the base model
+        inner = inner.get_base_model()
+    return _forward_takes(type(inner), "logits_to_keep")
+
+
+@functools.cache
+def _forward_takes(cls: type, name: str) -> bool:
+    return name in inspect.signature(cls.forward).parameters

@@ -1,0 +1,170 @@
+"""The learner's loss math: clipped importance-weighted policy gradient, k3 KL, entropy, DPO.
+
+Pure functions: tensors in, a typed result out; no model, config or I/O here. Advantage
+estimators live in `learner.advantages` and are re-exported so callers need one import.
+Shapes: B sequences, T token positions, V vocabulary; a flat (N,) of selected tokens works
+wherever (B, T) does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from learner.advantages import (
+    RunningBaseline,
+    group_advantages,
+    rloo_advantages,
+    running_baseline_advantages,
+)
+
+__all__ = [
+    "DPOLoss",
+    "PGLoss",
+    "RunningBaseline",
+    "clipped_pg_loss",
+    "dpo_loss",
+    "entropy_from_logits",
+    "group_advantages",
+    "kl_k3",
+    "masked_mean",
+    "rloo_advantages",
+    "running_baseline_advantages",
+]
+
+
+def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
+    """Mean of `x` where `mask` is 1 (over `dim`, or everything); 0 where the mask is empty."""
+    mask = mask.to(x.dtype)
+    if dim is None:
+        return (x * mask).sum() / mask.sum().clamp(min=1.0)
+    return (x * mask).sum(dim) / mask.sum(dim).clamp(min=1.0)
+
+
+def kl_k3(logp: Tensor, ref_logp: Tensor) -> Tensor:
+    """Per-token k3 estimate of KL(policy || ref) from sampled tokens: e^d - d - 1, d = ref - logp.
+
+    Schulman's k3 is unbiased, and never negative, unlike the plain log ratio.
+    """
+    d = ref_logp - logp
+    return (torch.expm1(d) - d).clamp(min=0.0)  # expm1 keeps precision for small d
+
+
+def entropy_from_logits(logits: Tensor) -> Tensor:
+    """(...,) entropy of softmax(logits) over the last dimension, from (..., V) logits."""
+    lse = torch.logsumexp(logits, dim=-1)  # (...)
+    return lse - (torch.softmax(logits, dim=-1) * logits).sum(-1)
+
+
+@dataclass
+class PGLoss:
+    """The clipped policy-gradient loss and its diagnostics (all but `loss` detached)."""
+
+    loss: Tensor
+    """Scalar to backpropagate: policy term + kl_coef * KL - entropy_coef * entropy."""
+    pg_loss: Tensor
+    """The clipped policy term alone."""
+    kl: Tensor
+    """Mean per-token k3 KL to the reference; 0 when no reference was given."""
+    clip_ratio: Tensor
+    """Fraction of tokens whose gradient the clip removed (ratio outside 1 ± eps on the side the advantage pushes)."""
+    ratio_mean: Tensor
+    """Mean importance ratio policy / behaviour."""
+    entropy: Tensor
+    """Mean per-token entropy; 0 when no entropy was given."""
+    num_tokens: Tensor
+    """Tokens in the mask: the weight of this batch's means when combining micro-batches."""
+
+
+def clipped_pg_loss(
+    logp: Tensor,
+    behaviour_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    ref_logp: Tensor | None = None,
+    clip_eps: float = 0.2,
+    kl_coef: float = 0.0,
+    entropy: Tensor | None = None,
+    entropy_coef: float = 0.0,
+    normalizer: float | Tensor | None = None,
+) -> PGLoss:
+    """PPO-style clipped, importance-weighted policy gradient against the logged behaviour policy.
+
+    logp, behaviour_logp, mask, ref_logp, entropy: (B, T); advantages: (B,) per sequence or
+    (B, T) per token. Per token: -min(r A, clip(r, 1-eps, 1+eps) A) with r = exp(logp - behaviour),
+    plus kl_coef * k3, minus entropy_coef * entropy; summed over the mask and divided by
+    `normalizer` (default: the mask's token count; under gradient accumulation pass the whole
+    batch's count so micro-batches add up to one token mean, TRL's "dapo" normalisation).
+    """
+    behaviour_logp = behaviour_logp.detach()  # the logged policy is data, never trained
+    mask = mask.to(logp.dtype)
+    adv = (
+        advantages.unsqueeze(-1) if advantages.dim() < logp.dim() else advantages
+    )  # (B, 1) or (B, T)
+    ratio = torch.exp(logp - behaviour_logp)  # (B, T)
+    clipped_ratio = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps)  # (B, T)
+    pg_per_token = -torch.min(ratio * adv, clipped_ratio * adv)  # (B, T)
+    per_token = pg_per_token
+    kl = torch.zeros_like(logp) if ref_logp is None else kl_k3(logp, ref_logp.detach())  # (B, T)
+    if kl_coef:
+        per_token = per_token + kl_coef * kl
+    if entropy is not None and entropy_coef:
+        per_token = per_token - entropy_coef * entropy
+    count = mask.sum()
+    loss = (per_token * mask).sum() / (count.clamp(min=1.0) if normalizer is None else normalizer)
+    with torch.no_grad():
+        # the clip removed the gradient: ratio beyond the side the advantage pushes towards
+        low = (ratio < 1.0 - clip_eps) & (adv < 0)  # (B, T)
+        high = (ratio > 1.0 + clip_eps) & (adv > 0)  # (B, T)
+        is_clipped = low | high
+        return PGLoss(
+            loss=loss,
+            pg_loss=masked_mean(pg_per_token, mask),
+            kl=masked_mean(kl, mask),
+            clip_ratio=masked_mean(is_clipped.to(logp.dtype), mask),
+            ratio_mean=masked_mean(ratio, mask),
+            entropy=torch.zeros(()) if entropy is None else masked_mean(entropy.detach(), mask),
+            num_tokens=count,
+        )
+
+
+@dataclass
+class DPOLoss:
+    """The DPO loss and its implicit rewards (all but `loss` detached)."""
+
+    loss: Tensor
+    """Scalar: mean of -log sigmoid(beta * (policy margin - reference margin))."""
+    chosen_reward: Tensor
+    """(B,) beta * (log pi(chosen) - log ref(chosen))."""
+    rejected_reward: Tensor
+    """(B,) beta * (log pi(rejected) - log ref(rejected))."""
+    reward_margin: Tensor
+    """Mean of chosen_reward - rejected_reward."""
+    accuracy: Tensor
+    """Fraction of pairs whose chosen reward beats the rejected one."""
+
+
+def dpo_loss(
+    chosen_logp: Tensor,
+    rejected_logp: Tensor,
+    ref_chosen_logp: Tensor,
+    ref_rejected_logp: Tensor,
+    beta: float = 0.1,
+) -> DPOLoss:
+    """Direct Preference Optimisation (Rafailov et al., 2023) on (B,) sequence-level log-prob sums."""
+    chosen_reward = beta * (chosen_logp - ref_chosen_logp.detach())  # (B,)
+    rejected_reward = beta * (rejected_logp - ref_rejected_logp.detach())  # (B,)
+    margin = chosen_reward - rejected_reward  # (B,)
+    loss = -F.logsigmoid(margin).mean()
+    margin = margin.detach()
+    return DPOLoss(
+        loss=loss,
+        chosen_reward=chosen_reward.detach(),
+        rejected_reward=rejected_reward.detach(),
+        reward_margin=margin.mean(),
+        accuracy=(margin > 0).to(margin.dtype).mean(),
+    )

@@ -1,0 +1,71 @@
+"""The metrics of a policy-gradient step, in TRL's vocabulary, from sums over micro-batches."""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from learner.train_step import Sample
+
+
+def add_corr_sums(sums: dict[str, float], behaviour: torch.Tensor, current: torch.Tensor) -> None:
+    """Accumulate the sums a Pearson correlation of the two tokens' probabilities needs."""
+    x, y = behaviour.double().exp(), current.double().exp()
+    sums["c_n"] += x.numel()
+    sums["c_x"] += float(x.sum())
+    sums["c_y"] += float(y.sum())
+    sums["c_xx"] += float((x * x).sum())
+    sums["c_yy"] += float((y * y).sum())
+    sums["c_xy"] += float((x * y).sum())
+
+
+def pearson(s: dict[str, float]) -> float:
+    """Correlation of behaviour and current probabilities from `add_corr_sums`; NaN if undefined."""
+    n, x, y = s.get("c_n", 0.0), s.get("c_x", 0.0), s.get("c_y", 0.0)
+    cov = n * s.get("c_xy", 0.0) - x * y
+    var = (n * s.get("c_xx", 0.0) - x * x) * (n * s.get("c_yy", 0.0) - y * y)
+    return cov / math.sqrt(var) if n > 1 and var > 0 else math.nan
+
+
+def pg_metrics(
+    s: dict[str, float], samples: list[Sample], current_version: int | None, with_kl: bool
+) -> dict[str, float]:
+    """TRL-named metrics; NaN where undefined (no reference, no logged logprobs, no groups, no versions)."""
+    n = s["tokens"]
+    rewards = torch.tensor([x.reward for x in samples], dtype=torch.float64)
+    lags = [
+        current_version - x.policy_version
+        for x in samples
+        if x.policy_version is not None and current_version is not None
+    ]
+    lag = sum(lags) / len(lags) if lags and current_version is not None else math.nan
+    return {
+        "loss": s["loss"],
+        "kl": s["kl"] / n if with_kl else math.nan,
+        "clip_ratio": s["clip_ratio"] / n,
+        "ratio_mean": s["ratio_mean"] / n,
+        "entropy": s["entropy"] / n,
+        "completions/mean_length": sum(len(x.completion_ids) for x in samples) / len(samples),
+        "reward": float(rewards.mean()),
+        "reward_std": float(rewards.std()) if len(samples) > 1 else 0.0,
+        "frac_reward_zero_std": frac_zero_std_groups(samples),
+        "probs_corr": pearson(s),
+        "policy_version_lag": lag,
+        "num_tokens": n,
+    }
+
+
+def frac_zero_std_groups(samples: list[Sample]) -> float:
+    """Share of groups (two samples or more) whose rewards are all equal: they teach nothing."""
+    groups: dict[str, list[float]] = defaultdict(list)
+    for x in samples:
+        if x.group is not None:
+            groups[x.group].append(x.reward)
+    sized = [r for r in groups.values() if len(r) > 1]
+    if not sized:
+        return math.nan
+    return sum(max(r) - min(r) <= 1e-6 for r in sized) / len(sized)

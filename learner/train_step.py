@@ -1,0 +1,369 @@
+"""One optimiser update of the policy from logged samples: clipped policy gradient (RL) or DPO.
+
+Current log-probabilities are recomputed on the logged token ids; the loss math is in
+`learner.losses`. LoRA through peft by default (reference = adapter disabled), full
+fine-tuning as an option (reference = a frozen copy of the start weights).
+
+Multi-GPU: the same code runs under `accelerate launch` (DDP). `accelerate.Accelerator`
+places the model, wraps it for DDP, autocasts and runs backward; every process is given the
+same sample list and trains on its shard `samples[rank::world]`, the token count that
+normalises the loss is summed over processes, gradients are synchronised only on the last
+micro-batch (`accelerator.no_sync`), and metric sums are reduced over processes. Nothing is
+home-made: on one CPU or GPU it is a plain loop.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import defaultdict
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from accelerate import Accelerator
+
+from learner.logprobs import TokenBatch, make_batch, selected_logprobs
+from learner.lora import attach_lora, frozen_copy, reference_view
+from learner.losses import clipped_pg_loss, dpo_loss
+from learner.step_metrics import add_corr_sums, pg_metrics
+
+
+@dataclass
+class Sample:
+    """One logged completion to learn from, with its advantage (see `learner.advantages`)."""
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    advantage: float
+    behaviour_logprobs: list[float] | None = None
+    """Logprobs the serving policy gave each completion token; None: treat as on-policy (ratio 1)."""
+    loss_mask: list[int] | None = None
+    """One 0/1 per completion token; 0 = excluded (e.g. tool output spliced into the completion)."""
+    reward: float = 0.0
+    group: str | None = None
+    """Samples of the same prompt share a group (GRPO); feeds `frac_reward_zero_std`."""
+    policy_version: int | None = None
+
+
+@dataclass
+class PreferencePair:
+    """A prompt with a preferred and a rejected completion (e.g. a user's correction)."""
+
+    prompt_ids: list[int]
+    chosen_ids: list[int]
+    rejected_ids: list[int]
+
+
+@dataclass
+class TrainConfig:
+    """How the policy is updated; one field per knob."""
+
+    lr: float = 5e-5
+    """AdamW learning rate."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    full_finetune: bool = False
+    """Train every weight instead of a LoRA adapter (needs ~3x the model's memory for Adam)."""
+    lora_rank: int = 16
+    """LoRA rank r."""
+    lora_alpha: int = 32
+    """LoRA scale numerator: the update is scaled by alpha / r."""
+    lora_dropout: float = 0.0
+    """Dropout on the adapter's input; 0 keeps recomputed logprobs deterministic."""
+    lora_targets: tuple[str, ...] = (
+        "q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "down_proj", "gate_proj",
+    )  # fmt: skip
+    """Module names that get an adapter (all linear layers of a Llama block)."""
+    clip_eps: float = 0.2
+    """PPO clip range: the ratio policy / behaviour stops pushing outside 1 ± clip_eps."""
+    kl_coef: float = 0.02
+    """Weight of the k3 KL penalty to the reference; 0 skips the reference forward pass."""
+    entropy_coef: float = 0.0
+    """Weight of the entropy bonus; 0 computes entropy for the metric only."""
+    micro_batch_size: int = 8
+    """Sequences per forward/backward pass; gradients accumulate over all micro-batches of a
+    step, so gradient accumulation steps = ceil(len(samples) / micro_batch_size)."""
+    max_grad_norm: float = 1.0
+    """Clip the global gradient norm to this; <= 0 disables clipping (the norm is still reported)."""
+    dpo_beta: float = 0.1
+    """DPO temperature: how far the policy may move from the reference per unit of preference."""
+    seed: int = 0
+    """Seeds the adapter's initialisation."""
+
+
+class PolicyTrainer:
+    """Holds the trainable policy, its reference and the optimiser; one `step` = one update."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        pad_id: int,
+        config: TrainConfig,
+        adapter_dir: Path | None = None,
+    ) -> None:
+        self.config = config
+        self.pad_id = pad_id
+        self.accelerator = Accelerator()
+        self._frozen_ref = None
+        if config.full_finetune:
+            if adapter_dir is not None:
+                raise ValueError(
+                    "adapter_dir continues a LoRA adapter; "
+                    "for full fine-tuning load the parent's weights as `model`"
+                )
+            self._frozen_ref = frozen_copy(model).to(self.accelerator.device)
+            policy = model.requires_grad_(True)
+        else:
+            # seed the adapter without touching the caller's RNG
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(config.seed)
+                policy = attach_lora(
+                    model, rank=config.lora_rank, alpha=config.lora_alpha, dropout=config.lora_dropout,
+                    targets=tuple(config.lora_targets), adapter_dir=adapter_dir,
+                )  # fmt: skip
+        self._params = [p for p in policy.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(self._params, lr=config.lr, weight_decay=config.weight_decay)
+        self._model, self._optimizer = self.accelerator.prepare(policy, optimizer)
+
+    @property
+    def model(self) -> torch.nn.Module:
+        """The trained module (a peft model under LoRA), for evaluation."""
+        return self.accelerator.unwrap_model(self._model)
+
+    def step(self, samples: list[Sample], current_version: int | None = None) -> dict[str, float]:
+        """One optimiser update over all samples (micro-batches + gradient accumulation); TRL-named metrics."""
+        _check_samples(samples)
+        start = time.perf_counter()
+        local = self._shard(samples)
+        total = self._global_sum(sum(sum(_loss_mask(s)) for s in local))
+        if total == 0:
+            raise ValueError("no completion token has loss_mask 1: nothing to train on")
+        normalizer = total / self.accelerator.num_processes  # DDP averages gradients over processes
+        sums: dict[str, float] = defaultdict(float)
+        self._model.train()
+        try:
+            batches = _micro_batches(local, self.config.micro_batch_size)
+            for i, chunk in enumerate(batches):
+                with self._sync_on(i == len(batches) - 1):
+                    self._pg_micro_step(chunk, normalizer, sums)
+            grad_norm = self._optimiser_step()
+        finally:
+            self._model.eval()
+        metrics = pg_metrics(self._reduce(sums), samples, current_version, self.config.kl_coef > 0)
+        metrics.update(grad_norm=grad_norm, lr=self._lr(), step_time=time.perf_counter() - start)
+        return metrics
+
+    def dpo_step(self, pairs: list[PreferencePair]) -> dict[str, float]:
+        """One DPO update over all pairs (sequence-level log-prob sums, reference = start policy)."""
+        _check_pairs(pairs)
+        local = self._shard(pairs)
+        count = self._global_sum(len(local)) / self.accelerator.num_processes
+        per_chunk = max(1, self.config.micro_batch_size // 2)  # a pair is two sequences
+        chunks = [local[i : i + per_chunk] for i in range(0, len(local), per_chunk)]
+        sums: dict[str, float] = defaultdict(float)
+        self._model.train()
+        try:
+            for i, chunk in enumerate(chunks):
+                with self._sync_on(i == len(chunks) - 1):
+                    self._dpo_micro_step(chunk, count, sums)
+            grad_norm = self._optimiser_step()
+        finally:
+            self._model.eval()
+        s = self._reduce(sums)
+        n = s["pairs"]
+        return {
+            "loss": s["loss"] / n,
+            "rewards/chosen": s["chosen"] / n,
+            "rewards/rejected": s["rejected"] / n,
+            "rewards/margins": s["margin"] / n,
+            "rewards/accuracies": s["accuracy"] / n,
+            "grad_norm": grad_norm,
+            "lr": self._lr(),
+        }
+
+    def save(self, directory: Path) -> None:
+        """Write the adapter (adapter_config.json + adapter_model.safetensors) or the full weights."""
+        self.accelerator.wait_for_everyone()
+        if self.accelerator.is_main_process:
+            self.model.save_pretrained(Path(directory))
+
+    # -- one micro-batch -------------------------------------------------------------------
+
+    def _pg_micro_step(
+        self, chunk: list[Sample], normalizer: float, sums: dict[str, float]
+    ) -> None:
+        batch = self._batch([s.prompt_ids for s in chunk], [s.completion_ids for s in chunk], chunk)
+        ref_logp = self._reference_logprobs(batch) if self.config.kl_coef > 0 else None
+        with self.accelerator.autocast():
+            logp, entropy = selected_logprobs(
+                self._model, batch, with_entropy=True, entropy_grad=self.config.entropy_coef > 0
+            )  # (N,), (N,)
+        behaviour, logged = _flat_behaviour(chunk, logp)  # (N,), (N,) bool
+        advantages = _flat_advantages(chunk, logp)  # (N,)
+        out = clipped_pg_loss(
+            logp, behaviour, advantages, torch.ones_like(logp),
+            ref_logp=ref_logp, clip_eps=self.config.clip_eps, kl_coef=self.config.kl_coef,
+            entropy=entropy, entropy_coef=self.config.entropy_coef, normalizer=normalizer,
+        )  # fmt: skip
+        self.accelerator.backward(out.loss)
+        n = float(out.num_tokens)
+        sums["loss"] += float(out.loss.detach())
+        sums["tokens"] += n
+        for name in ("kl", "clip_ratio", "ratio_mean", "entropy"):
+            sums[name] += float(getattr(out, name)) * n
+        add_corr_sums(sums, behaviour[logged], logp.detach()[logged])
+
+    def _dpo_micro_step(
+        self, chunk: list[PreferencePair], count: float, sums: dict[str, float]
+    ) -> None:
+        k = len(chunk)
+        prompts = [p.prompt_ids for p in chunk] * 2
+        batch = self._batch(
+            prompts, [p.chosen_ids for p in chunk] + [p.rejected_ids for p in chunk]
+        )
+        ref = self._sequence_sums(batch, self._reference_logprobs(batch))  # (2k,)
+        with self.accelerator.autocast():
+            logp, _ = selected_logprobs(self._model, batch)  # (N,)
+        policy = self._sequence_sums(batch, logp)  # (2k,)
+        out = dpo_loss(policy[:k], policy[k:], ref[:k], ref[k:], beta=self.config.dpo_beta)
+        self.accelerator.backward(out.loss * (k / count))  # the pairs' mean over the whole step
+        sums["pairs"] += k
+        sums["loss"] += float(out.loss.detach()) * k
+        sums["chosen"] += float(out.chosen_reward.sum())
+        sums["rejected"] += float(out.rejected_reward.sum())
+        sums["margin"] += float(out.reward_margin) * k
+        sums["accuracy"] += float(out.accuracy) * k
+
+    def _reference_logprobs(self, batch: TokenBatch) -> torch.Tensor:
+        module, context = reference_view(self.model, self._frozen_ref)
+        with torch.no_grad(), context, self.accelerator.autocast():
+            logp, _ = selected_logprobs(module, batch)
+        return logp  # (N,)
+
+    @staticmethod
+    def _sequence_sums(batch: TokenBatch, logp: torch.Tensor) -> torch.Tensor:
+        counts = batch.completion_mask.sum(1).long()  # (B,)
+        rows = torch.repeat_interleave(
+            torch.arange(len(counts), device=logp.device), counts
+        )  # (N,)
+        return torch.zeros(len(counts), dtype=logp.dtype, device=logp.device).index_add(
+            0, rows, logp
+        )
+
+    # -- plumbing --------------------------------------------------------------------------
+
+    def _batch(self, prompts, completions, samples: list[Sample] | None = None) -> TokenBatch:
+        masks = None if samples is None else [_loss_mask(s) for s in samples]
+        b = make_batch(prompts, completions, self.pad_id, masks)
+        device = self.accelerator.device
+        return TokenBatch(
+            b.input_ids.to(device), b.attention_mask.to(device), b.completion_mask.to(device)
+        )
+
+    def _optimiser_step(self) -> float:
+        max_norm = self.config.max_grad_norm if self.config.max_grad_norm > 0 else math.inf
+        grad_norm = self.accelerator.clip_grad_norm_(self._params, max_norm)
+        self._optimizer.step()
+        self._optimizer.zero_grad(set_to_none=True)
+        return float(grad_norm)
+
+    def _sync_on(self, last: bool):
+        return nullcontext() if last else self.accelerator.no_sync(self._model)
+
+    def _shard(self, items: list) -> list:
+        world, rank = self.accelerator.num_processes, self.accelerator.process_index
+        if len(items) < world:
+            raise ValueError(
+                f"{len(items)} items cannot feed {world} processes: give each at least one"
+            )
+        return items[rank::world]
+
+    def _global_sum(self, value: float) -> float:
+        return self._reduce({"v": float(value)})["v"]
+
+    def _reduce(self, sums: dict[str, float]) -> dict[str, float]:
+        if self.accelerator.num_processes == 1:
+            return dict(sums)
+        keys = sorted(sums)
+        packed = torch.tensor(
+            [sums[k] for k in keys], dtype=torch.float64, device=self.accelerator.device
+        )
+        packed = self.accelerator.reduce(packed, reduction="sum")
+        return dict(zip(keys, packed.tolist(), strict=True))
+
+    def _lr(self) -> float:
+        return float(self._optimizer.param_groups[0]["lr"])
+
+
+# -- sample helpers (pure) ---------------------------------------------------------------------
+
+
+def _loss_mask(s: Sample) -> list[int]:
+    return s.loss_mask if s.loss_mask is not None else [1] * len(s.completion_ids)
+
+
+def _micro_batches(samples: list[Sample], size: int) -> list[list[Sample]]:
+    """Chunks of similar length (longest first): little padding, and the memory peak comes first."""
+    ordered = sorted(samples, key=lambda s: len(s.prompt_ids) + len(s.completion_ids), reverse=True)
+    return [ordered[i : i + size] for i in range(0, len(ordered), size)]
+
+
+def _flat_behaviour(chunk: list[Sample], logp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """((N,) behaviour logprobs of the trained tokens, (N,) whether each was logged); missing -> current."""
+    values: list[float] = []
+    logged: list[bool] = []
+    for s in chunk:
+        mask = _loss_mask(s)
+        if s.behaviour_logprobs is None:
+            values += [0.0] * sum(mask)
+            logged += [False] * sum(mask)
+        else:
+            values += [lp for lp, m in zip(s.behaviour_logprobs, mask, strict=True) if m]
+            logged += [True] * sum(mask)
+    behaviour = torch.tensor(values, dtype=logp.dtype, device=logp.device)
+    is_logged = torch.tensor(logged, dtype=torch.bool, device=logp.device)
+    return torch.where(is_logged, behaviour, logp.detach()), is_logged
+
+
+def _flat_advantages(chunk: list[Sample], logp: torch.Tensor) -> torch.Tensor:
+    adv = torch.tensor([s.advantage for s in chunk], dtype=logp.dtype, device=logp.device)  # (B,)
+    counts = torch.tensor([sum(_loss_mask(s)) for s in chunk], device=logp.device)  # (B,)
+    return torch.repeat_interleave(adv, counts)  # (N,)
+
+
+def _check_samples(samples: list[Sample]) -> None:
+    if not samples:
+        raise ValueError("step() needs at least one sample")
+    for i, s in enumerate(samples):
+        where = f"sample {i}"
+        if not s.prompt_ids or not s.completion_ids:
+            raise ValueError(
+                f"{where}: prompt_ids and completion_ids must each hold at least one token"
+            )
+        logged = s.behaviour_logprobs
+        if logged is not None and len(logged) != len(s.completion_ids):
+            raise ValueError(
+                f"{where}: {len(logged)} behaviour logprobs for {len(s.completion_ids)} completion tokens"
+            )
+        if logged is not None and not all(math.isfinite(x) for x in logged):
+            raise ValueError(
+                f"{where}: behaviour logprobs must be finite (drop the sample or leave them None)"
+            )
+        if s.loss_mask is not None and (
+            len(s.loss_mask) != len(s.completion_ids) or set(s.loss_mask) - {0, 1}
+        ):
+            raise ValueError(f"{where}: loss_mask needs one 0/1 per completion token")
+        if not math.isfinite(s.advantage):
+            raise ValueError(f"{where}: advantage {s.advantage} is not finite")
+
+
+def _check_pairs(pairs: list[PreferencePair]) -> None:
+    if not pairs:
+        raise ValueError("dpo_step() needs at least one preference pair")
+    for i, p in enumerate(pairs):
+        if not p.prompt_ids or not p.chosen_ids or not p.rejected_ids:
+            raise ValueError(
+                f"pair {i}: prompt, chosen and rejected ids must each hold at least one token"
+            )

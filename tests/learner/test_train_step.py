@@ -1,0 +1,255 @@
+"""PolicyTrainer on the tiny model: the update moves the right weights in the right direction."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import pytest
+import torch
+from peft import PeftModel
+
+from learner.logprobs import completion_logprobs, make_batch, selected_logprobs, token_logprobs
+from learner.tiny_model import build_tiny_model
+from learner.train_step import PolicyTrainer, PreferencePair, Sample, TrainConfig
+
+# peft asks transformers a deprecated question on every forward
+warnings.filterwarnings("ignore", category=FutureWarning)
+
+
+@pytest.fixture
+def tiny():
+    model, tokenizer = build_tiny_model(seed=0)
+    return model, tokenizer
+
+
+def _ids(tokenizer, text: str) -> list[int]:
+    return tokenizer.encode(text)
+
+
+def _logp(trainer: PolicyTrainer, prompt: list[int], completion: list[int], pad: int) -> float:
+    return completion_logprobs(trainer.model, prompt, completion, pad).sum().item()
+
+
+def _snapshot(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.named_parameters()}
+
+
+def test_update_raises_rewarded_and_lowers_punished_completion(tiny):
+    model, tok = tiny
+    pad = tok.pad_token_id
+    trainer = PolicyTrainer(model, pad, TrainConfig(lr=5e-3, kl_coef=0.0))
+    prompt, good, bad = (
+        _ids(tok, "What is 12 plus 30?"),
+        _ids(tok, "The answer is 42."),
+        _ids(tok, "sorry wrong"),
+    )
+    good_before, bad_before = _logp(trainer, prompt, good, pad), _logp(trainer, prompt, bad, pad)
+    for _ in range(2):
+        trainer.step([Sample(prompt, good, advantage=1.0), Sample(prompt, bad, advantage=-1.0)])
+    assert _logp(trainer, prompt, good, pad) > good_before
+    assert _logp(trainer, prompt, bad, pad) < bad_before
+
+
+def test_lora_changes_only_adapter_weights(tiny):
+    model, tok = tiny
+    trainer = PolicyTrainer(model, tok.pad_token_id, TrainConfig(lr=1e-2))
+    before = _snapshot(trainer.model)
+    trainer.step([Sample(_ids(tok, "hi"), _ids(tok, "hello there"), advantage=1.0)])
+    after = _snapshot(trainer.model)
+    adapter = [k for k in before if "lora_" in k]
+    assert adapter and all(not before[k].requires_grad for k in before)  # snapshot sanity
+    assert any(not torch.equal(before[k], after[k]) for k in adapter if "lora_B" in k)
+    assert all(torch.equal(before[k], after[k]) for k in before if "lora_" not in k)
+
+
+def test_full_finetune_changes_base_weights_and_keeps_a_frozen_reference(tiny):
+    model, tok = tiny
+    trainer = PolicyTrainer(
+        model, tok.pad_token_id, TrainConfig(lr=1e-2, full_finetune=True, kl_coef=0.1)
+    )
+    before = _snapshot(trainer.model)
+    sample = Sample(_ids(tok, "hi"), _ids(tok, "hello there"), advantage=1.0)
+    first = trainer.step([sample])
+    after = _snapshot(trainer.model)
+    changed = [k for k in before if not torch.equal(before[k], after[k])]
+    assert any("layers.0.self_attn.q_proj" in k for k in changed)
+    assert first["kl"] == 0.0  # policy == reference before the first update
+    assert trainer.step([sample])["kl"] > 0.0  # the reference did not move with the policy
+
+
+def test_tokens_outside_the_loss_mask_have_no_influence(tiny):
+    _, tok = tiny
+    prompt, completion = (
+        _ids(tok, "Use the calculator tool."),
+        _ids(tok, "12+30 = 42. The answer is 42."),
+    )
+    n = len(completion)
+    mask = [1] * 3 + [0] * (n - 6) + [1] * 3  # the middle is tool output
+    behaviour = [-2.0] * n
+    other = [-2.0] * 3 + [-50.0] * (n - 6) + [-2.0] * 3  # different only where the mask is 0
+    results = []
+    for logged in (behaviour, other):
+        model, _ = build_tiny_model(seed=0)
+        trainer = PolicyTrainer(model, tok.pad_token_id, TrainConfig(lr=1e-2, kl_coef=0.1))
+        metrics = trainer.step(
+            [Sample(prompt, completion, 1.0, behaviour_logprobs=logged, loss_mask=mask)]
+        )
+        results.append((metrics, _snapshot(trainer.model)))
+    (m1, p1), (m2, p2) = results
+    assert m1["num_tokens"] == 6 and m1["loss"] == m2["loss"]
+    assert all(torch.equal(p1[k], p2[k]) for k in p1)
+
+
+def test_missing_behaviour_logprobs_mean_ratio_one(tiny):
+    model, tok = tiny
+    trainer = PolicyTrainer(model, tok.pad_token_id, TrainConfig(lr=1e-3))
+    m = trainer.step([Sample(_ids(tok, "hi"), _ids(tok, "hello there"), advantage=1.0)])
+    assert m["ratio_mean"] == pytest.approx(1.0) and m["clip_ratio"] == 0.0
+    assert math.isnan(m["probs_corr"])  # nothing logged to correlate with
+
+
+def test_stale_behaviour_logprobs_are_clipped(tiny):
+    model, tok = tiny
+    pad = tok.pad_token_id
+    trainer = PolicyTrainer(model, pad, TrainConfig(lr=1e-3, kl_coef=0.0))
+    prompt, completion = _ids(tok, "hi"), _ids(tok, "hello there")
+    current = completion_logprobs(trainer.model, prompt, completion, pad)
+    stale = (current - 1.0).tolist()  # ratio e ~ 2.7 > 1.2 with a positive advantage: all clipped
+    m = trainer.step([Sample(prompt, completion, 1.0, behaviour_logprobs=stale)])
+    assert m["clip_ratio"] == 1.0 and m["grad_norm"] == 0.0
+    assert m["ratio_mean"] == pytest.approx(math.e, rel=1e-4)
+    assert m["probs_corr"] == pytest.approx(1.0, abs=1e-5)  # scaled, still perfectly correlated
+
+
+def test_metrics_in_trl_vocabulary(tiny):
+    model, tok = tiny
+    pad = tok.pad_token_id
+    trainer = PolicyTrainer(model, pad, TrainConfig(lr=1e-3))
+    p, a, b = _ids(tok, "hi"), _ids(tok, "hello"), _ids(tok, "good bad correct")
+    logged = completion_logprobs(trainer.model, p, b, pad).tolist()
+    samples = [
+        Sample(p, a, 0.0, reward=1.0, group="g1", policy_version=1),
+        Sample(p, b, 0.0, reward=1.0, group="g1", policy_version=2, behaviour_logprobs=logged),
+        Sample(p, a, 1.0, reward=2.0, group="g2", policy_version=2),
+        Sample(p, b, -1.0, reward=0.0, group="g2"),
+    ]
+    m = trainer.step(samples, current_version=3)
+    assert m["frac_reward_zero_std"] == 0.5  # g1 all equal, g2 not
+    assert m["policy_version_lag"] == pytest.approx((2 + 1 + 1) / 3)
+    assert m["reward"] == 1.0 and m["reward_std"] == pytest.approx(
+        torch.tensor([1.0, 1, 2, 0]).std().item()
+    )
+    assert m["completions/mean_length"] == (2 * len(a) + 2 * len(b)) / 4
+    assert m["probs_corr"] == pytest.approx(1.0, abs=1e-5)  # logged by this very policy
+    assert m["kl"] == 0.0 and m["entropy"] > 0 and m["lr"] == 1e-3 and m["grad_norm"] > 0
+    assert m["num_tokens"] == 2 * len(a) + 2 * len(b)
+
+
+def test_micro_batching_gives_the_same_update(tiny):
+    _, tok = tiny
+    texts = ["hello there", "The answer is 42.", "sorry", "Triage: see a doctor."]
+    samples = [
+        Sample(_ids(tok, "hi"), _ids(tok, t), advantage=a) for t, a in zip(texts, [1, -1, 0.5, 2])
+    ]
+    start, updates, losses = None, [], []
+    for size in (1, 4):
+        model, _ = build_tiny_model(seed=0)
+        trainer = PolicyTrainer(
+            model, tok.pad_token_id, TrainConfig(lr=1e-3, micro_batch_size=size)
+        )
+        start = _snapshot(trainer.model)
+        losses.append(trainer.step(samples)["loss"])
+        after = _snapshot(trainer.model)
+        updates.append(torch.cat([(after[k] - start[k]).flatten() for k in start]))
+    assert losses[0] == pytest.approx(losses[1], abs=1e-6)
+    # Adam's first step is ~lr * sign(grad): allow the rare sign flip of a near-zero gradient
+    assert (updates[0] - updates[1]).norm() < 1e-3 * updates[1].norm()
+
+
+def test_selected_logprobs_match_full_logits(tiny):
+    model, tok = tiny
+    batch = make_batch(
+        [_ids(tok, "hi"), _ids(tok, "What is 12?")], [_ids(tok, "hello"), _ids(tok, "42")], 0
+    )
+    with torch.no_grad():
+        full, full_entropy = token_logprobs(model, batch, with_entropy=True)
+        flat, flat_entropy = selected_logprobs(model, batch, with_entropy=True)
+    keep = batch.completion_mask > 0
+    assert torch.allclose(full[keep], flat, atol=1e-5)
+    assert torch.allclose(full_entropy[keep], flat_entropy, atol=1e-4)
+
+
+def test_save_then_reload_adapter_gives_same_logprobs(tiny, tmp_path):
+    model, tok = tiny
+    pad = tok.pad_token_id
+    trainer = PolicyTrainer(model, pad, TrainConfig(lr=1e-2))
+    prompt, completion = _ids(tok, "hi"), _ids(tok, "hello there")
+    trainer.step([Sample(prompt, completion, advantage=1.0)])
+    trainer.save(tmp_path / "v1")
+    assert (tmp_path / "v1" / "adapter_config.json").exists()
+    assert (tmp_path / "v1" / "adapter_model.safetensors").exists()
+    reloaded = PeftModel.from_pretrained(build_tiny_model(seed=0)[0], str(tmp_path / "v1")).eval()
+    expected = completion_logprobs(trainer.model, prompt, completion, pad)
+    assert torch.allclose(
+        completion_logprobs(reloaded, prompt, completion, pad), expected, atol=1e-6
+    )
+    resumed = PolicyTrainer(
+        build_tiny_model(seed=0)[0], pad, TrainConfig(lr=1e-2), adapter_dir=tmp_path / "v1"
+    )
+    assert torch.allclose(
+        completion_logprobs(resumed.model, prompt, completion, pad), expected, atol=1e-6
+    )
+    assert resumed.step([Sample(prompt, completion, advantage=1.0)])["kl"] > 0  # reference = base
+
+
+def test_full_finetune_saves_safetensors(tiny, tmp_path):
+    model, tok = tiny
+    trainer = PolicyTrainer(model, tok.pad_token_id, TrainConfig(full_finetune=True))
+    trainer.save(tmp_path / "full")
+    assert (tmp_path / "full" / "model.safetensors").exists()
+
+
+def test_dpo_step_widens_the_chosen_minus_rejected_margin(tiny):
+    model, tok = tiny
+    pad = tok.pad_token_id
+    trainer = PolicyTrainer(model, pad, TrainConfig(lr=5e-3))
+    prompt, chosen, rejected = (
+        _ids(tok, "What is 12 plus 30?"),
+        _ids(tok, "42"),
+        _ids(tok, "sorry wrong"),
+    )
+
+    def margin() -> float:
+        return _logp(trainer, prompt, chosen, pad) - _logp(trainer, prompt, rejected, pad)
+
+    before = margin()
+    first = trainer.dpo_step([PreferencePair(prompt, chosen, rejected)] * 2)
+    assert first["loss"] == pytest.approx(math.log(2), abs=1e-5)  # policy == reference at the start
+    trainer.dpo_step([PreferencePair(prompt, chosen, rejected)] * 2)
+    assert margin() > before
+
+
+def test_bad_input_is_refused_with_a_reason(tiny):
+    model, tok = tiny
+    trainer = PolicyTrainer(model, tok.pad_token_id, TrainConfig())
+    p, c = _ids(tok, "hi"), _ids(tok, "hello")
+    with pytest.raises(ValueError, match="at least one sample"):
+        trainer.step([])
+    with pytest.raises(ValueError, match="behaviour logprobs"):
+        trainer.step([Sample(p, c, 1.0, behaviour_logprobs=[0.0] * (len(c) + 1))])
+    with pytest.raises(ValueError, match="finite"):
+        trainer.step([Sample(p, c, 1.0, behaviour_logprobs=[-math.inf] * len(c))])
+    with pytest.raises(ValueError, match="loss_mask"):
+        trainer.step([Sample(p, c, 1.0, loss_mask=[2] * len(c))])
+    with pytest.raises(ValueError, match="nothing to train on"):
+        trainer.step([Sample(p, c, 1.0, loss_mask=[0] * len(c))])
+    with pytest.raises(ValueError, match="at least one token"):
+        trainer.dpo_step([PreferencePair(p, [], c)])
+    with pytest.raises(ValueError, match="full fine-tuning"):
+        PolicyTrainer(
+            build_tiny_model()[0],
+            tok.pad_token_id,
+            TrainConfig(full_finetune=True),
+            adapter_dir=".",
+        )
