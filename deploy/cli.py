@@ -40,3 +40,18 @@ def serve_policy() -> None:
     from deploy.policy_server import serve
 
     serve()
+
+
+@app.command("learn")
+def learn(
+    once: bool = typer.Option(
+        False, "--once", help="Run one round now if anything is trainable, then exit."
+    ),
+) -> None:
+    """Learn from trajectories and feedback in Redis and publish new policy versions
+    (ARLOOP_BASE_MODEL, ARLOOP_MIN_EPISODES, ARLOOP_ROUND_INTERVAL_S, ARLOOP_FEEDBACK_WINDOW_S,
+    ARLOOP_SILENCE_REWARD, ARLOOP_FULL_FINETUNE, ARLOOP_LEARNING_RATE, ARLOOP_DATA_DIR,
+    ARLOOP_REDIS_URL; all in deploy/settings.py LearnerSettings). Stops cleanly on Ctrl-C."""
+    from deploy.learner_runner import main
+
+    raise typer.Exit(main(once=once))

@@ -53,6 +53,25 @@ class AgentApiSettings(CommonSettings):
     """Runs one user may start per minute before 429."""
     packs: list[str] = Field(default_factory=lambda: ["tutoring", "medical"])
     """Agent packs to serve."""
+    policy_temperature: float | None = None
+    """Sampling temperature sent to the policy; unset leaves the endpoint's default."""
+    policy_max_tokens: int | None = 512
+    """Completion tokens per model call."""
+    max_body_bytes: int = 256 * 1024
+    """Request bodies above this size are refused with 413 before they are parsed."""
+    scrub_phi: bool = True
+    """Scrub PII/PHI (agents.pii) from trajectories and memories before they reach Redis."""
+    thread_ttl_s: int | None = 30 * 24 * 3600
+    """Threads (checkpoints and records) idle this long expire; unset keeps them forever."""
+    thread_lock_s: float = 300.0
+    """Longest a run may hold its thread; a crashed run's lock frees itself after this."""
+    checkpoint_durability: Literal["exit", "async", "sync"] = "exit"
+    """When thread state is written: at the end of each run (`exit`, fewest Redis writes),
+    or after every step (`async`/`sync`, resumable mid-run)."""
+    memory_max_items: int = 200
+    """Reflections (and facts) kept per user, task kind and kind; the oldest fall off."""
+    redis_timeout_s: float = 5.0
+    """Socket timeout for Redis; a Redis that does not answer in time is a 503."""
 
     @model_validator(mode="after")
     def _no_default_secrets_in_production(self) -> AgentApiSettings:
@@ -85,6 +104,12 @@ class PolicyServerSettings(CommonSettings):
     device: str = "cpu"
     threads: int | None = None
     """torch threads; unset keeps torch's default."""
+    max_loaded_versions: int = Field(4, ge=1)
+    """Versions held in memory at once (aliases always stay; `@vN` loads evict the oldest)."""
+    max_n: int = Field(16, ge=1)
+    """Most choices (`n`) one request may ask for."""
+    context_length: int | None = None
+    """Prompt plus completion tokens; unset uses the model's `max_position_embeddings`."""
 
 
 class LearnerSettings(CommonSettings):
@@ -115,3 +140,17 @@ class LearnerSettings(CommonSettings):
     """Deliveries after which a stream entry goes to the dead-letter stream."""
     claim_idle_ms: int = 60_000
     """Pending entries idle this long are reclaimed from a dead consumer."""
+    baseline: Literal["rloo", "running"] = "rloo"
+    """Baseline for samples with no prompt group: leave-one-out over the batch, or a running mean."""
+    normalise_rewards: bool = True
+    """Divide a round's rewards by their standard deviation before the advantages."""
+    dpo_beta: float = 0.1
+    """DPO temperature for correction pairs."""
+    max_episodes_per_round: int = 1024
+    """At most this many episodes in one round (the oldest first); the rest wait for the next."""
+    read_count: int = 256
+    """Stream entries read per XREADGROUP, per stream."""
+    read_block_ms: int = 1000
+    """How long a read waits for new entries when the streams are idle."""
+    trim_interval_s: float = 60.0
+    """How often the streams are trimmed below what every consumer group has acknowledged."""

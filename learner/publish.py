@@ -1,0 +1,195 @@
+"""Publishing a trained policy: checkpoint on disk, then the ledger, then the registry.
+
+The order is the crash-safety argument:
+1. the checkpoint is written to `<version>.partial`, fsynced, and renamed to `<version>`
+   (a crash here leaves a folder no ledger row names: removed on restart, events retrained);
+2. one store transaction commits the version row and the ledger of the events it learned from
+   (after this the events are trained, whatever happens next);
+3. the registry learns of the version and `champion` moves from the parent to it
+   (a crash before this is finished by `recover` on restart, from the committed row).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from learner.crashpoints import crash_point
+from learner.registry import (
+    CHAMPION,
+    AliasConflict,
+    PolicyRegistry,
+    PolicyVersion,
+    VersionStatus,
+)
+from learner.store import CommittedVersion, Store
+
+log = logging.getLogger(__name__)
+
+MANIFEST = "manifest.json"
+PARTIAL = ".partial"
+
+
+class CheckpointWriteError(RuntimeError):
+    """The checkpoint could not be written; nothing was committed and the registry is unchanged."""
+
+
+@dataclass(frozen=True)
+class Published:
+    """Where a version ended up: registered, and champion unless another writer moved it."""
+
+    version: str
+    parent: str | None
+    checkpoint: Path
+    champion: bool
+    conflict: str | None = None
+
+
+def checkpoint_uri(path: Path) -> str:
+    """`file:///abs/path`, as `learner.models.checkpoint_path` reads it back."""
+    return path.resolve().as_uri()
+
+
+def write_checkpoint(
+    checkpoints_dir: Path, version: str, save: Callable[[Path], None], manifest: dict[str, Any]
+) -> Path:
+    """Write `<version>.partial` (`save` + manifest), fsync it, rename it to `<version>`."""
+    final = checkpoints_dir / version
+    partial = checkpoints_dir / (version + PARTIAL)
+    try:
+        checkpoints_dir.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir()
+        save(partial)
+        (partial / MANIFEST).write_text(_json(manifest))
+        _fsync_tree(partial)
+        os.replace(partial, final)
+        _fsync_dir(checkpoints_dir)
+    except OSError as exc:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise CheckpointWriteError(
+            f"cannot write checkpoint {version} under {checkpoints_dir}: {exc}. "
+            "Check that ARLOOP_DATA_DIR is writable and has free space."
+        ) from exc
+    return final
+
+
+def publish_version(
+    store: Store,
+    registry: PolicyRegistry,
+    save: Callable[[Path], None],
+    *,
+    checkpoints_dir: Path,
+    parent: PolicyVersion,
+    kind: str,
+    metrics: dict[str, float],
+    trained: Sequence[str],
+    let_go: dict[str, Sequence[str]],
+    meta: dict[str, Any],
+    actor: str,
+) -> Published:
+    """Checkpoint, commit the ledger, register and promote: the three steps in their order."""
+    version = registry.next_version()
+    manifest = {
+        "version": version,
+        "parent": parent.version,
+        "base_model": parent.base_model,
+        "kind": kind,
+        "created_at": time.time(),
+        "metrics": metrics,
+        "trained_event_ids": list(trained),
+    }
+    path = write_checkpoint(checkpoints_dir, version, save, manifest)
+    crash_point("after_checkpoint")
+    committed = CommittedVersion(version, parent.version, path, manifest, registered=False)
+    try:
+        store.commit_version(committed, trained, let_go, meta)
+    except BaseException:
+        shutil.rmtree(path, ignore_errors=True)  # never leave a checkpoint no ledger names
+        raise
+    crash_point("after_commit")
+    return register(store, registry, committed, actor)
+
+
+def register(
+    store: Store, registry: PolicyRegistry, committed: CommittedVersion, actor: str
+) -> Published:
+    """Put a committed version in the registry and move champion to it (idempotent)."""
+    m = committed.manifest
+    if not registry.exists(committed.version):
+        record = PolicyVersion(
+            version=committed.version, parent=committed.parent, base_model=m["base_model"],
+            checkpoint_uri=checkpoint_uri(committed.checkpoint), checkpoint_kind=m["kind"],
+            created_at=m["created_at"], metrics=m["metrics"],
+        )  # fmt: skip
+        registry.publish(record, trained_events=len(m["trained_event_ids"]))
+    champion, conflict = _promote(registry, committed, actor)
+    store.mark_registered(committed.version)
+    return Published(committed.version, committed.parent, committed.checkpoint, champion, conflict)
+
+
+def _promote(
+    registry: PolicyRegistry, committed: CommittedVersion, actor: str
+) -> tuple[bool, str | None]:
+    """Move champion parent -> version; until the eval gate exists, training is the gate."""
+    if registry.aliases().get(CHAMPION) == committed.version:
+        return True, None
+    try:
+        registry.move_alias(CHAMPION, committed.version, expect=committed.parent,
+                            reason="learner round", actor=actor)  # fmt: skip
+    except AliasConflict as exc:
+        log.warning("%s published but not champion: %s", committed.version, exc)
+        return False, str(exc)
+    registry.set_status(committed.version, VersionStatus.CHAMPION)
+    if committed.parent:
+        registry.set_status(committed.parent, VersionStatus.RETIRED)
+    return True, None
+
+
+@dataclass(frozen=True)
+class Recovery:
+    registered: list[Published]
+    removed: list[str]
+
+
+def recover(store: Store, registry: PolicyRegistry, checkpoints_dir: Path, actor: str) -> Recovery:
+    """On start: register committed-but-unregistered versions, delete uncommitted checkpoints."""
+    committed = store.committed_versions()
+    registered = [register(store, registry, c, actor) for c in committed if not c.registered]
+    known = {c.checkpoint.name for c in committed}
+    removed = []
+    if checkpoints_dir.is_dir():
+        for child in sorted(checkpoints_dir.iterdir()):
+            if child.name not in known:
+                shutil.rmtree(child) if child.is_dir() else child.unlink()
+                removed.append(child.name)
+    if removed:
+        log.warning("removed uncommitted checkpoints: %s", ", ".join(removed))
+    return Recovery(registered, removed)
+
+
+def _fsync_tree(folder: Path) -> None:
+    for path in folder.rglob("*"):
+        if path.is_file():
+            with open(path, "rb") as f:
+                os.fsync(f.fileno())
+    _fsync_dir(folder)
+
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, indent=2, sort_keys=True)

@@ -1,0 +1,139 @@
+"""From feedback to rewards: one scalar per trajectory, one per turn, capped per user (pure).
+
+The rule, in order:
+1. Each feedback maps to a score in [-1, 1]: thumbs is its value (+1 / -1); a rating r in 1..5
+   is (r - 3) / 2; an outcome or verifier result v in 0..1 is 2v - 1. A correction has no score:
+   it becomes a preference pair (see `learner/samples.py`).
+2. Within an episode only the latest word of each (sender, kind, turn) counts: a user who turns
+   a thumbs-up into a thumbs-down is counted once, with the down.
+3. Poisoning cap: over the batch, a user's reward mass is the sum of |score| of what they sent;
+   no user may hold more than `max_user_share` of the total user mass (raised to 1/n when n
+   users cannot all fit under it). Users above are scaled down, water-filling style, so the
+   cap holds after scaling. Verifier and system feedback are not a user's and are not capped.
+4. The trajectory's reward is the mean of its scores about the whole run (feedback without a
+   turn), else the mean of all its scores. A turn's reward is the mean of the scores naming
+   that turn (`FeedbackEvent.turn` = the `ModelStep.index`), else the trajectory's reward
+   about the whole run; a turn with neither is not trained on.
+5. An episode with no feedback at all gets `silence_reward` on every turn (None: no reward).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from agents.events import FeedbackEvent, FeedbackKind
+
+
+@dataclass(frozen=True)
+class Scored:
+    """One piece of feedback as a score, with who sent it and what it is about."""
+
+    sender: str
+    capped: bool  # True for a user's feedback, False for verifiers and the system
+    kind: str
+    turn: int | None
+    score: float
+    at: float
+
+
+@dataclass(frozen=True)
+class EpisodeReward:
+    reward: float | None  # the trajectory's scalar; None: nothing to learn by policy gradient
+    turns: dict[int, float]  # model step index -> that turn's reward
+
+
+def feedback_score(kind: FeedbackKind, value: float | None) -> float | None:
+    """A feedback value mapped to [-1, 1]; None for corrections (they become pairs)."""
+    if kind is FeedbackKind.THUMBS:
+        return float(value)  # type: ignore[arg-type]
+    if kind is FeedbackKind.RATING:
+        return (float(value) - 3.0) / 2.0  # type: ignore[arg-type]
+    if kind in (FeedbackKind.OUTCOME, FeedbackKind.VERIFIER):
+        return 2.0 * float(value) - 1.0  # type: ignore[arg-type]
+    return None
+
+
+def scored(feedback: Sequence[FeedbackEvent]) -> list[Scored]:
+    """Scores of an episode's feedback, latest word per (sender, kind, turn) only."""
+    latest: dict[tuple[str, str, int | None], Scored] = {}
+    for f in sorted(feedback, key=lambda f: f.created_at):
+        score = feedback_score(f.kind, f.value)
+        if score is not None:
+            key = (f.user_id, f.kind.value, f.turn)
+            latest[key] = Scored(f.user_id, f.source == "user", f.kind.value, f.turn, score,
+                                 f.created_at)  # fmt: skip
+    return list(latest.values())
+
+
+def user_scales(masses: dict[str, float], max_share: float) -> dict[str, float]:
+    """Factor per user so that no user's mass exceeds `max_share` of the scaled total.
+
+    With k users capped at C and uncapped mass U, C = s (k C + U), so C = s U / (1 - s k);
+    k grows from 0 until the next user's mass fits under C. s = max(max_share, 1/n) keeps
+    this feasible (n users cannot each hold less than 1/n).
+    """
+    ranked = sorted(((m, u) for u, m in masses.items() if m > 0), reverse=True)
+    scales = {u: 1.0 for u in masses}
+    if not ranked:
+        return scales
+    share = max(max_share, 1.0 / len(ranked))
+    free = sum(m for m, _ in ranked)
+    k, cap = 0, share * free
+    for k, (mass, _) in enumerate(ranked):  # noqa: B007 - k is used after the loop
+        cap = share * free / (1.0 - share * k)
+        if mass <= cap * (1 + 1e-12):
+            break
+        free -= mass
+    for mass, user in ranked[:k]:
+        scales[user] = cap / mass
+    return scales
+
+
+def mean_score(items: Sequence[Scored]) -> float | None:
+    return sum(i.score for i in items) / len(items) if items else None
+
+
+def episode_reward(items: Sequence[Scored], turn_indices: Sequence[int]) -> EpisodeReward:
+    """The trajectory's reward and each turn's (rule 4 above)."""
+    whole = mean_score([i for i in items if i.turn is None])
+    turns: dict[int, float] = {}
+    for t in turn_indices:
+        own = mean_score([i for i in items if i.turn == t])
+        r = own if own is not None else whole
+        if r is not None:
+            turns[t] = r
+    return EpisodeReward(whole if whole is not None else mean_score(items), turns)
+
+
+def batch_rewards(
+    feedback: Sequence[Sequence[FeedbackEvent]],
+    turn_indices: Sequence[Sequence[int]],
+    max_user_share: float,
+    silence_reward: float | None,
+) -> list[EpisodeReward]:
+    """Rewards for a batch of episodes, given each one's feedback and model-step indices."""
+    items = [scored(f) for f in feedback]
+    masses: dict[str, float] = {}
+    for i in (i for ep in items for i in ep if i.capped):
+        masses[i.sender] = masses.get(i.sender, 0.0) + abs(i.score)
+    scales = user_scales(masses, max_user_share)
+    out = []
+    for fb, ep, turns in zip(feedback, items, turn_indices, strict=True):
+        if not fb:
+            silent = {t: silence_reward for t in turns} if silence_reward is not None else {}
+            out.append(EpisodeReward(silence_reward, silent))
+            continue
+        ep = [replace(i, score=i.score * scales[i.sender]) if i.capped else i for i in ep]
+        out.append(episode_reward(ep, turns))
+    return out
+
+
+def normalise(values: Sequence[float], eps: float = 1e-6) -> list[float]:
+    """Divide by the batch's standard deviation (signs kept; baselines do the centring)."""
+    if len(values) < 2:
+        return list(values)
+    mean = sum(values) / len(values)
+    std = math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
+    return [v / std for v in values] if std > eps else list(values)

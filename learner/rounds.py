@@ -1,0 +1,196 @@
+"""One learning round: trainable episodes -> rewards -> samples and pairs -> update -> publish."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from learner.advantages import RunningBaseline
+from learner.crashpoints import crash_point
+from learner.episodes import Episode, settle, trainable_episodes
+from learner.models import checkpoint_path, load_base, load_checkpoint
+from learner.publish import Published, publish_version
+from learner.registry import CHAMPION, PolicyRegistry, PolicyVersion
+from learner.rewards import batch_rewards
+from learner.samples import Baseline, TrainingData, build_training_data, version_number
+from learner.store import Store
+from learner.train_step import PolicyTrainer, TrainConfig
+
+log = logging.getLogger(__name__)
+
+UNTRAINABLE = "untrainable"  # no rewarded step with logged token ids, no usable correction
+BASELINE_KEY = "running_baseline"
+
+
+@dataclass(frozen=True)
+class RoundConfig:
+    """What a round needs from the learner's settings, as plain values."""
+
+    base_model: str
+    checkpoints_dir: Path
+    train: TrainConfig
+    feedback_window_s: float = 600.0
+    silence_reward: float | None = None
+    max_user_reward_share: float = 0.2
+    baseline: Baseline = "rloo"
+    normalise_rewards: bool = True
+    max_episodes: int = 1024
+    epochs: int = 1
+    batch_size: int = 8  # samples (or pairs) per optimiser update
+    actor: str = "learner"
+
+
+@dataclass(frozen=True)
+class RoundResult:
+    """One round, for the summary line and the tests."""
+
+    version: str
+    parent: str
+    episodes: int
+    samples: int
+    pairs: int
+    skipped_steps: int
+    reward_mean: float
+    metrics: dict[str, float]
+    seconds: float
+    published: Published
+    let_go: dict[str, int] = field(default_factory=dict)
+
+
+class RoundAborted(RuntimeError):
+    """A stop was requested mid-round; nothing was committed, the episodes stay trainable."""
+
+
+def run_round(
+    store: Store,
+    registry: PolicyRegistry,
+    config: RoundConfig,
+    *,
+    now: float | None = None,
+    should_stop: Callable[[], bool] = lambda: False,
+) -> RoundResult | None:
+    """Train on what is trainable now and publish a version; None when there is nothing."""
+    start = time.monotonic()
+    now = time.time() if now is None else now
+    window, silence = config.feedback_window_s, config.silence_reward
+    settle(store, now, window, silence)
+    episodes = trainable_episodes(store, now, window, silence, config.max_episodes)
+    if not episodes:
+        return None
+    parent = registry.get(registry.resolve(CHAMPION))
+    model, tokenizer, adapter_dir = load_parent(parent, config)
+    data = _training_data(store, episodes, tokenizer, config)
+    used = set(data.used)
+    unusable = [i for n, e in enumerate(episodes) if n not in used for i in e.event_ids]
+    if not data.samples and not data.pairs:
+        store.settle(unusable, UNTRAINABLE)
+        return None
+    trainer = PolicyTrainer(model, tokenizer.pad_token_id, config.train, adapter_dir=adapter_dir)
+    metrics = _train(trainer, data, config, version_number(parent.version), should_stop)
+    crash_point("during_train")
+    trained = [i for n in data.used for i in episodes[n].event_ids]
+
+    def save(directory: Path) -> None:
+        trainer.save(directory)
+        tokenizer.save_pretrained(directory)
+
+    published = publish_version(
+        store, registry, save, checkpoints_dir=config.checkpoints_dir, parent=parent,
+        kind="full" if config.train.full_finetune else "lora", metrics=metrics, trained=trained,
+        let_go={UNTRAINABLE: unusable}, meta={BASELINE_KEY: vars(data.baseline)},
+        actor=config.actor,
+    )  # fmt: skip
+    rewards = [s.reward for s in data.samples]
+    return RoundResult(
+        version=published.version, parent=parent.version, episodes=len(data.used),
+        samples=len(data.samples), pairs=len(data.pairs), skipped_steps=data.skipped_steps,
+        reward_mean=sum(rewards) / len(rewards) if rewards else math.nan, metrics=metrics,
+        seconds=time.monotonic() - start, published=published,
+        let_go={UNTRAINABLE: len(episodes) - len(used)} if len(used) < len(episodes) else {},
+    )  # fmt: skip
+
+
+def load_parent(
+    parent: PolicyVersion, config: RoundConfig
+) -> tuple[torch.nn.Module, Any, Path | None]:
+    """(model, tokenizer, adapter folder to continue) for the version a round starts from."""
+    if parent.checkpoint_kind == "full":
+        model, tokenizer = load_checkpoint(checkpoint_path(parent.checkpoint_uri),
+                                           base_model=parent.base_model)  # fmt: skip
+        return model, tokenizer, None
+    model, tokenizer = load_base(parent.base_model)
+    if parent.checkpoint_kind == "base":
+        return model, tokenizer, None
+    if config.train.full_finetune:
+        raise ValueError(
+            f"champion {parent.version} is a LoRA adapter but full fine-tuning is on: set "
+            "ARLOOP_FULL_FINETUNE=false, or promote a full checkpoint (or v0) to champion first"
+        )
+    return model, tokenizer, checkpoint_path(parent.checkpoint_uri)
+
+
+def _training_data(
+    store: Store, episodes: Sequence[Episode], tokenizer: Any, config: RoundConfig
+) -> TrainingData:
+    rewards = batch_rewards(
+        [e.feedback for e in episodes],
+        [[s.index for s in e.trajectory.model_steps] for e in episodes],
+        config.max_user_reward_share,
+        config.silence_reward,
+    )
+    return build_training_data(
+        episodes, rewards,
+        encode=lambda text: tokenizer(text, add_special_tokens=False)["input_ids"],
+        eos_id=tokenizer.eos_token_id, baseline=config.baseline,
+        state=RunningBaseline(**store.get_meta(BASELINE_KEY, {})),
+        normalise_rewards=config.normalise_rewards,
+    )  # fmt: skip
+
+
+def _train(
+    trainer: PolicyTrainer,
+    data: TrainingData,
+    config: RoundConfig,
+    current_version: int | None,
+    should_stop: Callable[[], bool],
+) -> dict[str, float]:
+    """`epochs` passes, one optimiser update per `batch_size` samples, then the DPO updates."""
+    pg: list[dict[str, float]] = []
+    dpo: list[dict[str, float]] = []
+    for _ in range(config.epochs):
+        for chunk in _chunks(data.samples, config.batch_size):
+            _check_stop(should_stop)
+            pg.append(trainer.step(chunk, current_version=current_version))
+        for chunk in _chunks(data.pairs, config.batch_size):
+            _check_stop(should_stop)
+            dpo.append(trainer.dpo_step(chunk))
+    metrics = _mean_metrics(pg)
+    metrics.update({f"dpo/{k}": v for k, v in _mean_metrics(dpo).items()})
+    metrics.update(skipped_steps=float(data.skipped_steps), updates=float(len(pg) + len(dpo)))
+    return {k: v for k, v in metrics.items() if math.isfinite(v)}  # NaN: undefined this round
+
+
+def _check_stop(should_stop: Callable[[], bool]) -> None:
+    if should_stop():
+        raise RoundAborted("stop requested: round abandoned before its checkpoint")
+
+
+def _chunks(items: list, size: int) -> list[list]:
+    return [items[i : i + size] for i in range(0, len(items), max(1, size))]
+
+
+def _mean_metrics(runs: list[dict[str, float]]) -> dict[str, float]:
+    """Each metric's mean over the updates of a round (NaN-free where possible)."""
+    keys = {k for m in runs for k in m}
+    out = {}
+    for k in sorted(keys):
+        values = [m[k] for m in runs if k in m and not math.isnan(m[k])]
+        out[k] = sum(values) / len(values) if values else math.nan
+    return out

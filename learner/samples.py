@@ -1,0 +1,164 @@
+"""Rewarded episodes to training data: one Sample per logged model step, pairs from corrections.
+
+Only the token ids the policy endpoint logged are used (a step without them is skipped and
+counted, never re-tokenised: a re-tokenisation need not match what the policy sampled).
+A sample's advantage compares its reward with samples of other episodes of the same prompt
+group (GRPO, when the group holds two or more episodes: `metadata["group"]`, else identical
+first prompt ids), else with the rest of the batch (RLOO) or a running mean across rounds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+
+from agents.events import FeedbackKind, ModelStep, TrajectoryEvent
+from learner.advantages import (
+    RunningBaseline,
+    group_advantages,
+    rloo_advantages,
+    running_baseline_advantages,
+)
+from learner.episodes import Episode
+from learner.rewards import EpisodeReward, normalise
+from learner.train_step import PreferencePair, Sample
+
+Baseline = Literal["rloo", "running"]
+
+
+@dataclass
+class TrainingData:
+    """What one round trains on, and what it could not use."""
+
+    samples: list[Sample] = field(default_factory=list)
+    pairs: list[PreferencePair] = field(default_factory=list)
+    used: list[int] = field(default_factory=list)  # indices of episodes with a sample or pair
+    skipped_steps: int = 0  # rewarded model steps without logged token ids
+    baseline: RunningBaseline = field(default_factory=RunningBaseline)
+
+
+def version_number(version: str | None) -> int | None:
+    """3 for "v3"; None for anything else."""
+    m = re.fullmatch(r"v(\d+)", version or "")
+    return int(m.group(1)) if m else None
+
+
+def group_key(trajectory: TrajectoryEvent) -> str:
+    """The prompt group: metadata["group"], else a hash of the first logged prompt, else its id."""
+    if "group" in trajectory.metadata:
+        return "g:" + trajectory.metadata["group"]
+    for step in trajectory.model_steps:
+        if step.prompt_token_ids:
+            digest = hashlib.sha1(json.dumps(step.prompt_token_ids).encode()).hexdigest()[:16]
+            return "p:" + digest
+    return "t:" + trajectory.event_id
+
+
+def _has_ids(step: ModelStep) -> bool:
+    return bool(step.prompt_token_ids) and bool(step.completion_token_ids)
+
+
+def sample_advantages(
+    rewards: Sequence[float],
+    groups: Sequence[str],
+    episodes: Sequence[int],
+    baseline: Baseline,
+    state: RunningBaseline,
+) -> tuple[list[float], RunningBaseline]:
+    """Per-sample advantages: GRPO inside groups of 2+ episodes, RLOO or running mean elsewhere."""
+    n = len(rewards)
+    r = torch.tensor(list(rewards), dtype=torch.float64)  # (N,)
+    adv = torch.zeros(n, dtype=torch.float64)  # (N,)
+    members: dict[str, set[int]] = {}
+    for g, e in zip(groups, episodes, strict=True):
+        members.setdefault(g, set()).add(e)
+    grouped = [i for i in range(n) if len(members[groups[i]]) > 1]
+    single = [i for i in range(n) if len(members[groups[i]]) == 1]
+    if grouped:
+        names = sorted({groups[i] for i in grouped})
+        ids = torch.tensor([names.index(groups[i]) for i in grouped])  # (G,)
+        adv[grouped] = group_advantages(r[grouped], ids)
+    if single and baseline == "rloo":
+        adv[single] = rloo_advantages(r[single])
+    elif single:
+        adv[single], state = running_baseline_advantages(r[single], state)
+    return adv.tolist(), state
+
+
+def preference_pair(
+    episode: Episode, encode: Callable[[str], list[int]], eos_id: int
+) -> PreferencePair | None:
+    """The episode's latest correction as a pair: the logged completion loses to the user's text."""
+    corrections = [f for f in episode.feedback if f.kind is FeedbackKind.CORRECTION]
+    if not corrections:
+        return None
+    latest = max(corrections, key=lambda f: f.created_at)
+    steps = [s for s in episode.trajectory.model_steps if _has_ids(s)]
+    if latest.turn is not None:
+        steps = [s for s in steps if s.index == latest.turn]
+    if not steps:
+        return None
+    step = steps[-1]  # the named turn, or the last (final-answer) model step
+    chosen = encode(latest.text or "") + [eos_id]
+    if chosen == step.completion_token_ids:
+        return None  # the user "corrected" it to what it already said
+    return PreferencePair(list(step.prompt_token_ids), chosen, list(step.completion_token_ids))
+
+
+def build_training_data(
+    episodes: Sequence[Episode],
+    rewards: Sequence[EpisodeReward],
+    *,
+    encode: Callable[[str], list[int]],
+    eos_id: int,
+    baseline: Baseline = "rloo",
+    state: RunningBaseline | None = None,
+    normalise_rewards: bool = True,
+) -> TrainingData:
+    """Samples (one per rewarded model step with token ids) and DPO pairs for one round."""
+    data = TrainingData(baseline=state or RunningBaseline())
+    rows: list[tuple[int, ModelStep, float]] = []
+    for e, (episode, reward) in enumerate(zip(episodes, rewards, strict=True)):
+        for step in episode.trajectory.model_steps:
+            if step.index not in reward.turns:
+                continue
+            if not _has_ids(step):
+                data.skipped_steps += 1
+                continue
+            rows.append((e, step, reward.turns[step.index]))
+        pair = preference_pair(episode, encode, eos_id)
+        if pair is not None:
+            data.pairs.append(pair)
+            data.used.append(e)
+    if rows:
+        values = [r for _, _, r in rows]
+        values = normalise(values) if normalise_rewards else values
+        groups = [group_key(episodes[e].trajectory) for e, _, _ in rows]
+        adv, data.baseline = sample_advantages(
+            values, groups, [e for e, _, _ in rows], baseline, data.baseline
+        )
+        made = zip(rows, adv, groups, strict=True)
+        data.samples = [_sample(step, a, r, g) for (_, step, r), a, g in made]
+        data.used = sorted(set(data.used) | {e for e, _, _ in rows})
+    return data
+
+
+def _sample(step: ModelStep, advantage: float, reward: float, group: str) -> Sample:
+    logprobs = step.logprobs
+    if logprobs is not None and len(logprobs) != len(step.completion_token_ids or []):
+        logprobs = None  # a mismatched log cannot be an importance ratio: treat as on-policy
+    return Sample(
+        prompt_ids=list(step.prompt_token_ids or []),
+        completion_ids=list(step.completion_token_ids or []),
+        advantage=advantage,
+        behaviour_logprobs=list(logprobs) if logprobs is not None else None,
+        reward=reward,
+        group=group,
+        policy_version=version_number(step.policy_version),
+    )

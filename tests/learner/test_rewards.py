@@ -1,0 +1,89 @@
+import pytest
+
+from agents.events import FeedbackKind
+from learner.rewards import (
+    EpisodeReward,
+    batch_rewards,
+    feedback_score,
+    normalise,
+    scored,
+    user_scales,
+)
+from tests.learner.learner_events import feedback
+
+
+@pytest.mark.parametrize(
+    ("kind", "value", "score"),
+    [
+        ("thumbs", 1, 1.0), ("thumbs", -1, -1.0),
+        ("rating", 1, -1.0), ("rating", 3, 0.0), ("rating", 4, 0.5), ("rating", 5, 1.0),
+        ("outcome", 0, -1.0), ("outcome", 0.75, 0.5), ("verifier", 1, 1.0),
+        ("correction", None, None),
+    ],
+)  # fmt: skip
+def test_feedback_score_maps_each_kind_to_minus_one_one(kind, value, score):
+    assert feedback_score(FeedbackKind(kind), value) == score
+
+
+def test_only_a_senders_latest_word_counts_then_the_mean():
+    fb = [
+        feedback("t", "thumbs", 1, user="u1", created_at=1.0),
+        feedback("t", "thumbs", -1, user="u1", created_at=2.0),  # u1 changed their mind
+        feedback("t", "rating", 4, user="u2", created_at=1.5),
+        feedback("t", "correction", None, text="42", user="u2", created_at=3.0),
+    ]
+    assert sorted(i.score for i in scored(fb)) == [-1.0, 0.5]
+    [r] = batch_rewards([fb], [[0]], max_user_share=1.0, silence_reward=None)
+    assert r == EpisodeReward(-0.25, {0: -0.25})  # (-1 + 0.5) / 2
+
+
+@pytest.mark.parametrize(
+    ("masses", "share", "scales"),
+    [
+        ({"a": 8, "b": 1, "c": 1}, 0.5, {"a": 0.25, "b": 1, "c": 1}),  # a: 8 -> 2 of 4
+        ({"a": 6, "b": 3, "c": 1}, 0.4, {"a": 1 / 3, "b": 2 / 3, "c": 1}),  # 2, 2, 1 of 5
+        ({"a": 4, "b": 1}, 0.2, {"a": 0.25, "b": 1}),  # 2 users cannot each hold 20%: equal
+        ({u: 1 for u in "abcde"}, 0.2, {u: 1 for u in "abcde"}),  # already within the cap
+        ({"a": 3, "z": 0}, 0.2, {"a": 1, "z": 1}),
+    ],
+)
+def test_user_scales_water_fill_to_the_cap(masses, share, scales):
+    assert user_scales(masses, share) == pytest.approx(scales)
+
+
+def test_a_poisoner_is_capped_but_a_verifier_is_not():
+    spam = [[feedback(f"t{i}", "thumbs", -1, user="mal")] for i in range(8)]
+    honest = [[feedback("h1", "thumbs", 1, user="u1")], [feedback("h2", "thumbs", 1, user="u2")]]
+    checker = [[feedback("v", "verifier", 0, user="ci", source="verifier")] for _ in range(20)]
+    out = batch_rewards(spam + honest + checker, [[0]] * 30, max_user_share=0.5,
+                        silence_reward=None)  # fmt: skip
+    assert [r.reward for r in out[:8]] == [-0.25] * 8  # mal's mass 8 -> 2 = half of 4
+    assert [r.reward for r in out[8:10]] == [1.0, 1.0]
+    assert {r.reward for r in out[10:]} == {-1.0}
+
+
+def test_per_turn_rewards_fall_back_to_the_whole_run():
+    fb = [feedback("t", "thumbs", 1), feedback("t", "rating", 1, user="u2", turn=2)]
+    [r] = batch_rewards([fb], [[0, 2]], 1.0, None)
+    assert r == EpisodeReward(1.0, {0: 1.0, 2: -1.0})
+    only_turn = [feedback("t", "rating", 5, turn=0)]
+    [r] = batch_rewards([only_turn], [[0, 2]], 1.0, None)
+    assert r == EpisodeReward(1.0, {0: 1.0})  # turn 2 has nothing to learn from
+
+
+def test_silence_and_corrections_give_no_scalar_by_default():
+    correction = [feedback("t", "correction", None, text="It is 42.")]
+    assert batch_rewards([[]], [[0]], 1.0, None) == [EpisodeReward(None, {})]
+    assert batch_rewards([[]], [[0]], 1.0, 0.0) == [EpisodeReward(0.0, {0: 0.0})]
+    # a correction is feedback (no silence) but no scalar: it becomes a preference pair
+    assert batch_rewards([correction], [[0]], 1.0, 0.0) == [EpisodeReward(None, {})]
+
+
+def test_normalise_divides_by_the_batch_std_and_keeps_signs():
+    assert normalise([2.0, 0.0]) == [2.0, 0.0]  # std 1
+    std = 5**0.5  # population std of (1, -1, 3, -3)
+    assert normalise([1.0, -1.0, 3.0, -3.0]) == pytest.approx(
+        [1 / std, -1 / std, 3 / std, -3 / std]
+    )
+    assert normalise([0.5, 0.5]) == [0.5, 0.5]  # no spread: left alone
+    assert normalise([0.7]) == [0.7]

@@ -1,0 +1,146 @@
+"""Learner-side end to end: events in Redis as the agent API writes them -> a round -> a version."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from learner.logprobs import completion_logprobs
+from learner.models import checkpoint_path, load_base, load_version
+from learner.registry import CHAMPION, VersionStatus
+from learner.rounds import UNTRAINABLE, RoundAborted, run_round
+from learner.train_step import TrainConfig
+from learner.trajectory_source import TrajectorySource
+from tests.learner.learner_events import (
+    completion_ids,
+    feedback,
+    prompt_ids,
+    trajectory,
+    xadd,
+)
+from tests.learner.learner_fixtures import (  # noqa: F401 - model_cache is a fixture
+    base_registry,
+    model_cache,
+    open_store,
+    tiny_round_config,
+)
+
+pytestmark = pytest.mark.usefixtures("model_cache")
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = open_store(tmp_path)
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def registry(redis_client):
+    return base_registry(redis_client)
+
+
+PROMPT = "What is 12 plus 30?"
+GOOD, BAD = "The answer is 42.", "sorry no"
+
+
+def _ingest(redis_client, store, events) -> None:
+    for e in events:
+        xadd(redis_client, e)
+    source = TrajectorySource(redis_client, store, "learner-1", block_ms=10)
+    source.ensure_groups()
+    while not source.poll().caught_up:
+        pass
+
+
+def _logged_runs(n=6):
+    """n runs of one prompt (a GRPO group): good answers thumbed up, bad ones down, by n users."""
+    events = []
+    for i in range(n):
+        good = i % 2 == 0
+        t = trajectory(PROMPT, GOOD if good else BAD, user=f"u{i}", logprobs=True)
+        events += [t, feedback(t.event_id, "thumbs", 1 if good else -1, user=f"u{i}")]
+    return events
+
+
+def _mean_logprob(model, answer: str) -> float:
+    return float(completion_logprobs(model, prompt_ids(PROMPT), completion_ids(answer), 0).mean())
+
+
+def test_a_round_publishes_a_loadable_version_that_moved_the_right_way(
+    redis_client, store, registry, tmp_path
+):
+    events = _logged_runs()
+    _ingest(redis_client, store, events)
+    result = run_round(store, registry, tiny_round_config(tmp_path))
+    assert (result.version, result.parent, result.episodes, result.samples) == ("v1", "v0", 6, 6)
+    assert result.published.champion and registry.resolve(CHAMPION) == "v1"
+    record = registry.get("v1")
+    assert (record.parent, record.checkpoint_kind, record.base_model) == ("v0", "lora", "tiny")
+    assert record.status is VersionStatus.CHAMPION
+    assert registry.get("v0").status is VersionStatus.RETIRED
+    manifest = json.loads((checkpoint_path(record.checkpoint_uri) / "manifest.json").read_text())
+    assert sorted(manifest["trained_event_ids"]) == sorted(e.event_id for e in events)
+    assert store.ledger() == {e.event_id: "v1" for e in events}
+    trained, _ = load_version(record)  # as the policy server loads it
+    base, _ = load_base("tiny")
+    assert _mean_logprob(trained, GOOD) > _mean_logprob(base, GOOD)
+    assert _mean_logprob(trained, BAD) < _mean_logprob(base, BAD)
+    assert run_round(store, registry, tiny_round_config(tmp_path)) is None  # nothing left
+
+
+def test_the_next_round_continues_the_champions_adapter(redis_client, store, registry, tmp_path):
+    _ingest(redis_client, store, _logged_runs(4))
+    run_round(store, registry, tiny_round_config(tmp_path))
+    _ingest(redis_client, store, _logged_runs(4))
+    frozen = tiny_round_config(tmp_path)
+    frozen.train.lr = 0.0  # a round that cannot move the weights: v2 must equal its start
+    result = run_round(store, registry, frozen)
+    assert (result.version, result.parent) == ("v2", "v1")
+    v1, v2 = (load_file(tmp_path / "checkpoints" / v / "adapter_model.safetensors")
+              for v in ("v1", "v2"))  # fmt: skip
+    assert v1.keys() == v2.keys()
+    assert all(torch.equal(v1[k], v2[k]) for k in v1)
+    assert any(v1[k].abs().sum() > 0 for k in v1 if "lora_B" in k)  # v1 is not a fresh adapter
+
+
+def test_corrections_train_by_dpo_and_steps_without_ids_are_let_go(
+    redis_client, store, registry, tmp_path
+):
+    fixed = trajectory(PROMPT, "The answer is 41.", logprobs=True)
+    blind = trajectory(PROMPT, GOOD, with_ids=False)
+    events = [fixed, feedback(fixed.event_id, "correction", None, text=GOOD),
+              blind, feedback(blind.event_id, "thumbs", 1)]  # fmt: skip
+    _ingest(redis_client, store, events)
+    result = run_round(store, registry, tiny_round_config(tmp_path))
+    assert (result.samples, result.pairs, result.skipped_steps) == (0, 1, 1)
+    assert "dpo/loss" in result.metrics
+    assert result.let_go == {UNTRAINABLE: 1}
+    assert set(store.ledger()) == {e.event_id for e in events[:2]}
+    counts = store.counts()
+    assert counts["trajectories/" + UNTRAINABLE] == counts["feedback/" + UNTRAINABLE] == 1
+
+
+def test_a_stop_mid_round_commits_nothing(redis_client, store, registry, tmp_path):
+    _ingest(redis_client, store, _logged_runs(2))
+    with pytest.raises(RoundAborted):
+        run_round(store, registry, tiny_round_config(tmp_path), should_stop=lambda: True)
+    assert store.ledger() == {} and registry.resolve(CHAMPION) == "v0"
+    assert run_round(store, registry, tiny_round_config(tmp_path)).version == "v1"
+
+
+def test_full_finetuning_publishes_full_weights_and_continues_from_them(
+    redis_client, store, registry, tmp_path
+):
+    full = tiny_round_config(tmp_path, train=TrainConfig(lr=1e-2, full_finetune=True, kl_coef=0.0))
+    _ingest(redis_client, store, _logged_runs(2))
+    assert run_round(store, registry, full).version == "v1"
+    record = registry.get("v1")
+    folder = checkpoint_path(record.checkpoint_uri)
+    assert record.checkpoint_kind == "full" and (folder / "model.safetensors").is_file()
+    trained, _ = load_version(record)
+    base, _ = load_base("tiny")
+    assert _mean_logprob(trained, GOOD) != _mean_logprob(base, GOOD)
+    _ingest(redis_client, store, _logged_runs(2))
+    assert (run_round(store, registry, full).parent, registry.resolve(CHAMPION)) == ("v1", "v2")

@@ -1,0 +1,98 @@
+import pytest
+
+from learner.advantages import RunningBaseline
+from learner.episodes import Episode
+from learner.rewards import batch_rewards
+from learner.samples import (
+    build_training_data,
+    group_key,
+    sample_advantages,
+    version_number,
+)
+from tests.learner.learner_events import (
+    completion_ids,
+    feedback,
+    prompt_ids,
+    tokenizer,
+    trajectory,
+)
+
+
+def _build(episodes, **kw):
+    rewards = batch_rewards([e.feedback for e in episodes],
+                            [[s.index for s in e.trajectory.model_steps] for e in episodes],
+                            1.0, None)  # fmt: skip
+    kw.setdefault("normalise_rewards", False)
+    tok = tokenizer()
+    return build_training_data(
+        episodes, rewards, encode=lambda t: tok(t, add_special_tokens=False)["input_ids"],
+        eos_id=tok.eos_token_id, **kw,
+    )  # fmt: skip
+
+
+def _ep(t, *fb):
+    return Episode(t, tuple(fb))
+
+
+def test_version_numbers():
+    assert [version_number(v) for v in ("v0", "v12", "champion", None)] == [0, 12, None, None]
+
+
+def test_one_sample_per_rewarded_model_step_with_logged_ids():
+    tool = trajectory(tool_turn=True, logprobs=True)
+    blind = trajectory(with_ids=False)
+    data = _build([_ep(tool, feedback(tool.event_id, "thumbs", 1)),
+                   _ep(blind, feedback(blind.event_id, "thumbs", -1))])  # fmt: skip
+    assert data.skipped_steps == 1 and data.used == [0]  # never re-tokenised
+    first, answer = data.samples
+    assert first.prompt_ids == prompt_ids("What is 12 plus 30?")
+    assert first.completion_ids == completion_ids("<tool_call>")
+    assert answer.prompt_ids == prompt_ids("What is 12 plus 30? 42")
+    assert len(answer.behaviour_logprobs) == len(answer.completion_ids)
+    assert (first.reward, first.policy_version, first.group) == (1.0, 0, group_key(tool))
+
+
+def test_mismatched_logged_logprobs_are_not_used_as_behaviour():
+    t = trajectory(logprobs=True)
+    step = t.model_steps[0].model_copy(update={"logprobs": [-1.0]})
+    t = t.model_copy(update={"steps": [step]})
+    [s] = _build([_ep(t, feedback(t.event_id))]).samples
+    assert s.behaviour_logprobs is None
+
+
+def test_a_correction_becomes_a_preference_pair():
+    t = trajectory(answer="The answer is 41.")
+    data = _build([_ep(t, feedback(t.event_id, "correction", None, text="The answer is 42."))])
+    [pair] = data.pairs
+    assert data.samples == [] and data.used == [0]
+    assert pair.prompt_ids == prompt_ids("What is 12 plus 30?")
+    assert pair.chosen_ids == completion_ids("The answer is 42.")  # text + eos
+    assert pair.rejected_ids == completion_ids("The answer is 41.")
+
+
+def test_grpo_inside_a_group_rloo_outside():
+    # samples 0, 1: one group of two episodes; 2, 3, 4: single prompts
+    adv, _ = sample_advantages([1.0, -1.0, 1.0, 0.0, -1.0], ["g", "g", "a", "b", "c"],
+                               [0, 1, 2, 3, 4], "rloo", RunningBaseline())  # fmt: skip
+    s = 2**0.5 + 1e-4  # unbiased std of (1, -1), plus GRPO's eps
+    assert adv == pytest.approx([1 / s, -1 / s, 1.5, 0.0, -1.5])  # RLOO: r - mean(others)
+
+
+def test_two_turns_of_one_episode_are_not_a_group():
+    adv, _ = sample_advantages([1.0, 0.0, 0.0], ["g", "g", "h"], [0, 0, 1], "rloo",
+                               RunningBaseline())  # fmt: skip
+    assert adv == pytest.approx([1.0, -0.5, -0.5])  # all three are "singles": RLOO
+
+
+def test_running_baseline_carries_across_rounds():
+    adv, state = sample_advantages([1.0, 0.0], ["a", "b"], [0, 1], "running", RunningBaseline())
+    assert adv == pytest.approx([0.5, -0.5]) and (state.mean, state.count) == (0.5, 2)
+    adv, state = sample_advantages([1.0], ["c"], [0], "running", state)
+    assert adv == pytest.approx([0.5]) and state.mean == pytest.approx(0.55)
+
+
+def test_identical_first_prompts_share_a_group_key():
+    a, b = trajectory(answer="x"), trajectory(answer="y")
+    c = trajectory(prompt="Something else")
+    assert group_key(a) == group_key(b) != group_key(c)
+    assert group_key(trajectory(group="task-7")) == "g:task-7"
