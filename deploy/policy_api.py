@@ -9,7 +9,14 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from deploy.policy_engine import FinishEvent, SamplingParams
 from deploy.settings import PolicyServerSettings
-from learner.chat_format import ChatFormatError, parse_tool_calls, prompt_token_ids
+from learner.chat_format import (
+    ChatFormatError,
+    ToolFormat,
+    call_stop_pattern,
+    parse_tool_calls,
+    prompt_token_ids,
+    resolve_tool_format,
+)
 from learner.registry import CHAMPION
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
@@ -169,9 +176,18 @@ def _byte_decoder() -> dict[str, int]:
 _BYTE_DECODER = _byte_decoder()
 
 
-def message_of(finish: FinishEvent, tools: bool) -> tuple[dict[str, Any], str]:
+def tool_format_of(settings: PolicyServerSettings) -> ToolFormat:
+    """The server's tool-call format (`auto` resolved for its base model)."""
+    return resolve_tool_format(settings.tool_format, settings.base_model)
+
+
+def message_of(
+    finish: FinishEvent, tools: list[dict[str, Any]] | None, tool_format: ToolFormat
+) -> tuple[dict[str, Any], str]:
     """(assistant message, finish_reason): tool calls parsed out when the request had tools."""
-    content, calls = parse_tool_calls(finish.text) if tools else (finish.text, [])
+    content, calls = (
+        parse_tool_calls(finish.text, tools, tool_format) if tools else (finish.text, [])
+    )
     message: dict[str, Any] = {"role": "assistant", "content": content}
     reason = finish.finish_reason
     if calls:
@@ -188,11 +204,12 @@ def completion_body(
     tokenizer: Any,
     prompt_ids: list[int],
     finishes: list[FinishEvent],
+    tool_format: ToolFormat = "hermes",
 ) -> dict[str, Any]:
     """The non-streaming response body."""
     choices = []
     for f in sorted(finishes, key=lambda f: f.index):
-        message, reason = message_of(f, bool(req.plain_tools()))
+        message, reason = message_of(f, req.plain_tools(), tool_format)
         choice: dict[str, Any] = {
             "index": f.index,
             "message": message,
@@ -255,8 +272,9 @@ def prepare(
             f"n is {req.n}; this server samples at most {settings.max_n} choices per request",
             param="n",
         )
+    fmt = tool_format_of(settings)
     try:
-        prompt_ids = prompt_token_ids(tokenizer, req.plain_messages(), req.plain_tools())
+        prompt_ids = prompt_token_ids(tokenizer, req.plain_messages(), req.plain_tools(), fmt)
     except ChatFormatError as exc:
         raise ApiError(400, str(exc), param=exc.param) from None
     room = context - len(prompt_ids)
@@ -277,5 +295,6 @@ def prepare(
         stop=tuple(req.stop),
         seed=req.seed,
         top_logprobs=req.top_logprobs or 0,
+        stop_line=call_stop_pattern(req.plain_tools(), fmt),
     )
     return prompt_ids, [sampling] * req.n

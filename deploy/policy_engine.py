@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from deploy.policy_prefix import PrefixCache, cache_from_head
 from deploy.policy_rows import FinishEvent, Row, SamplingParams, TokenEvent, step
 
 __all__ = ["FinishEvent", "GenerationEngine", "Row", "SamplingParams", "TokenEvent"]
@@ -56,8 +57,10 @@ class GenerationEngine:
         max_batch_size: int = 8,
         batch_window_s: float = 0.005,
         on_batch: Callable[[int], None] | None = None,
+        prefix_entries: int = 8,
     ) -> None:
         self.max_batch_size = max_batch_size
+        self.prefixes = PrefixCache(prefix_entries) if prefix_entries > 0 else None
         self.batch_window_s = batch_window_s
         self.on_batch = on_batch  # called with the row count of every forward pass
         self._pending: list[Row] = []
@@ -144,12 +147,20 @@ class GenerationEngine:
             batch = self._decode(m, batch)
 
     def _prefill(self, m: _Model, rows: list[Row]) -> _Batch | None:
-        """One forward over the left-padded prompts; samples each row's first token."""
+        """One forward over the left-padded prompts (after a cached shared head, if any);
+        samples each row's first token."""
         for row in rows:
             row.seed_generator(m.device)
-        ids, attn = _left_pad([r.prompt_ids for r in rows], m.tokenizer.pad_token_id, m.device)
-        pos = (attn.cumsum(-1) - 1).clamp(min=0)  # (B, T): pads do not shift real positions
-        cache = DynamicCache(config=m.model.config)
+        prompts = [r.prompt_ids for r in rows]
+        head, layers = self.prefixes.head(m.model, prompts) if self.prefixes else (0, None)
+        tails = [p[head:] for p in prompts]
+        ids, tail_attn = _left_pad(tails, m.tokenizer.pad_token_id, m.device)  # (B, S)
+        pos = head + (tail_attn.cumsum(-1) - 1).clamp(min=0)  # (B, S): pads shift no position
+        attn = F.pad(tail_attn, (head, 0), value=1)  # (B, head + S)
+        if layers is not None:
+            cache = cache_from_head(m.model, layers, len(rows))
+        else:
+            cache = DynamicCache(config=m.model.config)
         self._observe(len(rows))
         out = m.model(
             input_ids=ids,

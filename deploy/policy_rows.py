@@ -2,12 +2,14 @@
 
 A row samples its token from the batch's logits with its own temperature, top-p and seed,
 records the token's logprob under the model's own distribution (temperature 1, what the
-learner recomputes), decodes its text, and finishes on end of turn, a stop string or its
-token budget. Events go back to the request through `emit`.
+learner recomputes), decodes its text, and finishes on end of turn, a stop string, a
+completed stop line (the line tool format's call line) or its token budget. Events go back
+to the request through `emit`.
 """
 
 from __future__ import annotations
 
+import re
 import secrets
 import time
 from collections.abc import Callable
@@ -27,6 +29,9 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     seed: int | None = None
     top_logprobs: int = 0  # alternatives to report per token (0 = none)
+    stop_line: str | None = None
+    """A regex for a whole line: once such a line is complete, the row finishes there (its
+    newline not in the text). The line tool format stops after a call line this way."""
 
 
 @dataclass
@@ -125,6 +130,9 @@ def _record(row: Row, token: int, logprob: float, top, tokenizer: Any, eos: set[
         row.tops.append(top)
     text = tokenizer.decode(row.token_ids, skip_special_tokens=True)
     cut = _find_stop(text, row.params.stop, len(row.text))
+    if row.params.stop_line is not None:
+        line_end = _find_stop_line(text[:cut], row.params.stop_line, len(row.text))
+        cut = line_end if line_end is not None else cut
     row.text = text if cut is None else text[:cut]
     safe = row.text if cut is not None else row.text[: safe_len(row.text, row.params.stop)]
     delta, row.sent = safe[row.sent :], max(row.sent, len(safe))
@@ -144,6 +152,17 @@ def _find_stop(text: str, stops: tuple[str, ...], previous_len: int) -> int | No
         if at >= 0:
             hits.append(at)
     return min(hits) if hits else None
+
+
+def _find_stop_line(text: str, pattern: str, previous_len: int) -> int | None:
+    """Where a line matching `pattern` that the new text completed ends (at its newline)."""
+    newline = text.find("\n", max(0, previous_len - 1))
+    while newline >= 0:
+        start = text.rfind("\n", 0, newline) + 1
+        if re.fullmatch(pattern, text[start:newline]):  # re caches the compiled pattern
+            return newline
+        newline = text.find("\n", newline + 1)
+    return None
 
 
 def safe_len(text: str, stops: tuple[str, ...]) -> int:

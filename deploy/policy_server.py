@@ -31,6 +31,7 @@ from deploy.policy_api import (
     error_param,
     prepare,
     target_of,
+    tool_format_of,
 )
 from deploy.policy_engine import FinishEvent, GenerationEngine, Row
 from deploy.policy_metrics import PolicyMetrics
@@ -84,6 +85,7 @@ def create_app(
             settings.max_batch_size,
             settings.batch_window_ms / 1000,
             on_batch=metrics.batch_rows.observe,
+            prefix_entries=settings.prefix_cache,
         )
         engine.start()
         app.state.policy = ServerState(settings, versions, engine, metrics)
@@ -137,6 +139,7 @@ async def chat_completions(req: ChatRequest, request: Request):
         tokenizer=policy.tokenizer,
         prompt_ids=prompt_ids,
         finishes=finishes,
+        tool_format=tool_format_of(st.settings),
     )
 
 
@@ -209,7 +212,8 @@ class _Run:
 
 async def _stream(req: ChatRequest, run: _Run, rid: str):
     writer = ChunkWriter(req, rid, run.policy.version)
-    choices = [ChoiceStream(req, i, run.policy.tokenizer) for i in range(len(run.rows))]
+    fmt = tool_format_of(run.st.settings)
+    choices = [ChoiceStream(req, i, run.policy.tokenizer, fmt) for i in range(len(run.rows))]
     extra = {"prompt_token_ids": run.rows[0].prompt_ids} if req.return_token_ids else {}
     try:
         yield writer.chunk([c.first() for c in choices], **extra)
@@ -313,11 +317,12 @@ def serve() -> None:
     url = ensure_redis(settings.redis_url, settings.data_dir)
     settings = settings.model_copy(update={"redis_url": url})
     log.info(
-        "policy server on http://%s:%d/v1 (redis %s, base %s)",
+        "policy server on http://%s:%d/v1 (redis %s, base %s, tool format %s)",
         settings.host,
         settings.port,
         url,
         settings.base_model,
+        tool_format_of(settings),
     )
     uvicorn.run(
         create_app(settings),

@@ -8,7 +8,7 @@ from typing import Any
 
 from deploy.policy_api import ChatRequest, logprobs_content, message_of
 from deploy.policy_engine import FinishEvent, TokenEvent
-from learner.chat_format import CALL_OPEN
+from learner.chat_format import ToolFormat, visible_len
 
 
 def sse(payload: dict[str, Any] | str) -> str:
@@ -35,9 +35,12 @@ class ChunkWriter:
 class ChoiceStream:
     """One choice's deltas: text as it becomes safe, tool calls parsed at the end."""
 
-    def __init__(self, req: ChatRequest, index: int, tokenizer: Any) -> None:
+    def __init__(
+        self, req: ChatRequest, index: int, tokenizer: Any, tool_format: ToolFormat = "hermes"
+    ) -> None:
         self.req, self.index, self.tokenizer = req, index, tokenizer
-        self.tools = bool(req.plain_tools())
+        self.tools = req.plain_tools()
+        self.tool_format = tool_format
         self.text = ""  # text the engine has released so far
         self.sent = 0  # characters of it sent as content
 
@@ -64,7 +67,7 @@ class ChoiceStream:
 
     def on_finish(self, ev: FinishEvent) -> list[dict[str, Any]]:
         """The rest of the content, the tool calls if any, then the finish reason."""
-        message, reason = message_of(ev, self.tools)
+        message, reason = message_of(ev, self.tools, self.tool_format)
         content = message["content"] or ""
         out = []
         if len(content) > self.sent and content.startswith(self.text[: self.sent]):
@@ -77,12 +80,10 @@ class ChoiceStream:
         return out
 
     def _visible_len(self) -> int:
-        """With tools, hold back from a (possibly partial) `<tool_call>` and trailing space."""
+        """With tools, hold back from a (possibly partial) call and trailing space."""
         if not self.tools:
             return len(self.text)
-        at = self.text.find(CALL_OPEN)
-        end = at if at >= 0 else len(self.text) - _partial_suffix(self.text, CALL_OPEN)
-        return len(self.text[:end].rstrip())
+        return visible_len(self.text, self.tool_format)
 
     def _choice(self, delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
         return {
@@ -92,10 +93,3 @@ class ChoiceStream:
             "finish_reason": finish_reason,
         }
 
-
-def _partial_suffix(text: str, marker: str) -> int:
-    """Length of the longest end of `text` that starts `marker`."""
-    for k in range(min(len(marker) - 1, len(text)), 0, -1):
-        if text.endswith(marker[:k]):
-            return k
-    return 0
