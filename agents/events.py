@@ -16,6 +16,7 @@ SCHEMA_VERSION = 1
 STREAM_TRAJECTORIES = "arloop:trajectories"
 STREAM_FEEDBACK = "arloop:feedback"
 STREAM_DEAD = "arloop:dead"
+STREAM_EVAL_TRAJECTORIES = "arloop:eval:trajectories"  # gate eval runs: audited, never trained on
 STREAM_POLICY = "arloop:policy:events"
 POLICY_PREFIX = "arloop:policy"
 POLICY_ALIASES = "arloop:policy:aliases"  # hash: alias -> version

@@ -24,7 +24,7 @@ from rich.table import Table
 from deploy.embedded_redis import RedisUnavailable, ensure_redis
 from deploy.settings import LearnerSettings
 from learner.publish import recover
-from learner.registry import CHAMPION, PolicyRegistry
+from learner.registry import CANDIDATE, CHAMPION, PolicyRegistry
 from learner.rounds import RoundAborted, RoundConfig, RoundResult, run_round
 from learner.store import Store
 from learner.train_step import TrainConfig
@@ -50,13 +50,19 @@ def round_config(s: LearnerSettings) -> RoundConfig:
         max_user_reward_share=s.max_user_reward_share, baseline=s.baseline,
         normalise_rewards=s.normalise_rewards, max_episodes=s.max_episodes_per_round,
         epochs=s.epochs, batch_size=s.micro_batch_size * s.grad_accum_steps, actor=s.consumer,
+        promote=not s.eval_packs,  # with an eval gate, the release flow moves the aliases
     )  # fmt: skip
 
 
 def summary_line(r: RoundResult) -> str:
     """One line per round: version, episodes, reward mean, kl, loss, time."""
     m = r.metrics
-    where = "champion" if r.published.champion else "published, NOT champion (alias moved)"
+    if r.published.champion:
+        where = "champion"
+    elif r.published.conflict:
+        where = "published, NOT champion (alias moved)"
+    else:
+        where = "ready for the eval gate"
     return (
         f"{r.version} <- {r.parent}  episodes {r.episodes}  samples {r.samples}  pairs {r.pairs}"
         f"  reward {_f(r.reward_mean)}  kl {_f(m.get('kl', math.nan), 4)}"
@@ -74,7 +80,8 @@ class Learner:
     def __init__(self, settings: LearnerSettings, console: Console | None = None) -> None:
         self.s = settings
         self.console = console or Console()
-        self.redis = redis.Redis.from_url(ensure_redis(settings.redis_url, settings.data_dir))
+        self.redis_url = ensure_redis(settings.redis_url, settings.data_dir)
+        self.redis = redis.Redis.from_url(self.redis_url)
         self.store = Store(Path(settings.data_dir) / "learner" / "store.db")
         self.registry = PolicyRegistry(self.redis)
         self.source = TrajectorySource(
@@ -83,6 +90,16 @@ class Learner:
             count=settings.read_count,
         )  # fmt: skip
         self.config = round_config(settings)
+        self.release = None
+        if settings.eval_packs:
+            from deploy.eval_runner import SuiteMissing  # the gate's imports: only with one
+            from deploy.release_control import ReleaseControl
+
+            try:
+                self.release = ReleaseControl(settings, self.redis_url, self.registry,
+                                              self.store, self.console)  # fmt: skip
+            except SuiteMissing as exc:
+                raise LearnerConfigError(f"{exc}; fix ARLOOP_EVAL_PACKS") from exc
         self.stopping = threading.Event()
         self.last: RoundResult | None = None
         self.last_error: str | None = None
@@ -103,9 +120,16 @@ class Learner:
             f"learning from redis {where.get('host')}:{where.get('port')} as {self.s.consumer} "
             f"(base {self.s.base_model}, data {self.s.data_dir})"
         )
-        rec = recover(self.store, self.registry, self.config.checkpoints_dir, self.s.consumer)
+        rec = recover(self.store, self.registry, self.config.checkpoints_dir, self.s.consumer,
+                      promote=self.release is None)  # fmt: skip
         for p in rec.registered:
             self.console.print(f"recovered {p.version}: committed before a crash, now registered")
+        if self.release is None:
+            self.console.print("no eval gate configured (ARLOOP_EVAL_PACKS is empty): each "
+                               "round's version becomes champion directly")  # fmt: skip
+        else:
+            self.console.print(f"eval gate: {self.release.gate.suites.suite} against "
+                               f"{self.s.policy_api_base}; canary {'on' if self.s.canary else 'off'}")
 
     def run(self, once: bool = False) -> int:
         """The loop; returns the process exit code."""
@@ -113,6 +137,8 @@ class Learner:
         with _stop_on_signals(self.stopping), self._display() as live:
             while not self.stopping.is_set():
                 caught_up = self.poll()
+                if self.release is not None and not once:
+                    self.release.tick()
                 if caught_up and (once or self.round_due()):
                     ok = self._round()
                     if once:
@@ -145,6 +171,8 @@ class Learner:
     def round_due(self) -> bool:
         if time.monotonic() < self._retry_at:
             return False
+        if self.release is not None and self.release.canary_active():
+            return False  # one candidate at a time: learning resumes once the canary decides
         waiting = self._trainable()
         interval = time.monotonic() - self._last_round >= self.s.round_interval_s
         return waiting >= self.s.min_episodes or (waiting > 0 and interval)
@@ -171,6 +199,8 @@ class Learner:
         self.console.print(summary_line(result))
         if result.published.conflict:
             self.console.print(f"[yellow]{result.published.conflict}[/]")
+        if self.release is not None:
+            self.release.after_round(result.version)
         return True
 
     # -- display ---------------------------------------------------------------------------
@@ -190,7 +220,11 @@ class Learner:
                                               + counts.get("feedback/trained", 0)))  # fmt: skip
         table.add_row("let go", ", ".join(f"{k} {v}" for k, v in sorted(let_go.items())) or "-")
         table.add_row("dead letters", str(self.source.dead_total))
-        table.add_row("champion", self.registry.aliases().get(CHAMPION, "-"))
+        aliases = self.registry.aliases()
+        table.add_row("champion", aliases.get(CHAMPION, "-"))
+        if self.release is not None:
+            table.add_row("candidate", aliases.get(CANDIDATE, "-"))
+            table.add_row("release", self.release.last or "-")
         table.add_row("last round", summary_line(self.last) if self.last else "-")
         if self.last_error:
             table.add_row("last error", f"[red]{self.last_error}[/]")

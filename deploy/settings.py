@@ -110,6 +110,12 @@ class PolicyServerSettings(CommonSettings):
     """Most choices (`n`) one request may ask for."""
     context_length: int | None = None
     """Prompt plus completion tokens; unset uses the model's `max_position_embeddings`."""
+    prefix_cache: int = Field(8, ge=0)
+    """Shared prompt heads (system prompt, worked example) whose KV is kept for reuse; 0: off."""
+    tool_format: Literal["auto", "hermes", "line"] = "auto"
+    """How tools and tool calls are written in the prompt: `hermes` (`<tool_call>{json}`), or
+    `line` (`CALL calculator: 2+3`, which SmolLM2-135M follows where it cannot write Hermes);
+    `auto` is `line` for the bundled `smollm2`, `hermes` for any other model."""
 
 
 class LearnerSettings(CommonSettings):
@@ -154,3 +160,60 @@ class LearnerSettings(CommonSettings):
     """How long a read waits for new entries when the streams are idle."""
     trim_interval_s: float = 60.0
     """How often the streams are trimmed below what every consumer group has acknowledged."""
+
+    # -- release control: eval gate, guards, off-policy estimate, canary --------------------
+    eval_packs: list[str] = Field(default_factory=list)
+    """Packs whose held-out eval suites gate every new version (JSON list: '["tutoring"]').
+    Empty: no gate is configured and each round's version becomes champion directly."""
+    policy_api_base: str = "http://127.0.0.1:8001/v1"
+    """The policy server the gate's eval runs call (arloop's own: versions are pinned `@vN`)."""
+    policy_model: str = "openai/arloop"
+    policy_api_key: str = "none"
+    policy_timeout_s: float = 60.0
+    eval_temperature: float = Field(0.0, ge=0.0, le=2.0)
+    """Sampling temperature of eval runs; 0 (greedy) makes the paired comparison exact."""
+    eval_max_tokens: int = 256
+    """Completion tokens per model call in eval runs."""
+    eval_concurrency: int = Field(4, ge=1)
+    """Eval runs in flight at once (the policy server batches them)."""
+    gate_alpha: float = Field(0.05, gt=0.0, lt=1.0)
+    """Level of the one-sided McNemar test "candidate worse than champion" on the eval suite."""
+    gate_solved_at: float = Field(1.0, ge=0.0, le=1.0)
+    """A task is solved when the pack's verifier scores it at least this."""
+    guard_max_kl: float = 0.5
+    """Per-token KL(candidate || base) budget in nats on the candidate's eval completions."""
+    guard_max_length_ratio: float = 1.5
+    guard_min_length_ratio: float = 0.5
+    """Bounds on candidate / champion mean final-answer length on the eval suite."""
+    guard_max_reward_length_corr: float = 0.5
+    """Most correlation of training reward with answer length in the candidate's batch."""
+    guard_min_entropy_ratio: float = 0.5
+    """Least candidate / base mean token entropy on the candidate's eval completions."""
+    guard_max_entropy_ratio: float = 2.0
+    """Most of the same ratio: an oversized update scrambles the policy (entropy blows up)."""
+    guard_entropy_floor: float = 0.0
+    """Absolute floor on the candidate's mean token entropy, nats (0: off)."""
+    guard_max_eval_drop: float = 0.05
+    """Goodhart: most held-out success drop while the training reward went up."""
+    guard_max_tool_use_drop: float = 0.10
+    """Most drop in the rate of using the needed tool on eval tasks that need one."""
+    guard_max_clip_ratio: float = 0.2
+    """Most share of clipped tokens in the candidate's round."""
+    guard_max_disagreement: float = 0.25
+    """Most disagreement between two reward sources scoring the same runs (0..1)."""
+    ope_min_ess: float = 30.0
+    """The off-policy estimate refuses to conclude below this effective sample size."""
+    ope_max_runs: int = 512
+    """Most recent logged runs (not trained on by the candidate) the estimate reads."""
+    canary: bool = True
+    """After a pass, the version becomes `candidate` and serves the agent side's canary share;
+    false promotes it to champion at once."""
+    canary_alpha: float = Field(0.05, gt=0.0, lt=1.0)
+    canary_margin: float = 0.1
+    """Promote when live reward is, with confidence, no worse than the champion's by this."""
+    canary_min_per_arm: int = 30
+    """Runs with feedback each arm needs before a promotion."""
+    canary_timeout_s: float = 24 * 3600.0
+    """An undecided canary is rolled back after this long."""
+    canary_check_s: float = 10.0
+    """How often the learner checks the canary."""

@@ -5,8 +5,9 @@ The order is the crash-safety argument:
    (a crash here leaves a folder no ledger row names: removed on restart, events retrained);
 2. one store transaction commits the version row and the ledger of the events it learned from
    (after this the events are trained, whatever happens next);
-3. the registry learns of the version and `champion` moves from the parent to it
-   (a crash before this is finished by `recover` on restart, from the committed row).
+3. the registry learns of the version (READY) and, when no eval gate is configured,
+   `champion` moves from the parent to it; with a gate, the release flow moves the aliases
+   (`learner/release.py`). A crash before this is finished by `recover` on restart.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ class CheckpointWriteError(RuntimeError):
 
 @dataclass(frozen=True)
 class Published:
-    """Where a version ended up: registered, and champion unless another writer moved it."""
+    """Where a version ended up: registered; champion when promoted and no other writer won."""
 
     version: str
     parent: str | None
@@ -94,8 +95,9 @@ def publish_version(
     let_go: dict[str, Sequence[str]],
     meta: dict[str, Any],
     actor: str,
+    promote: bool = True,
 ) -> Published:
-    """Checkpoint, commit the ledger, register and promote: the three steps in their order."""
+    """Checkpoint, commit the ledger, register (and promote): the three steps in their order."""
     version = registry.next_version()
     manifest = {
         "version": version,
@@ -115,13 +117,18 @@ def publish_version(
         shutil.rmtree(path, ignore_errors=True)  # never leave a checkpoint no ledger names
         raise
     crash_point("after_commit")
-    return register(store, registry, committed, actor)
+    return register(store, registry, committed, actor, promote=promote)
 
 
 def register(
-    store: Store, registry: PolicyRegistry, committed: CommittedVersion, actor: str
+    store: Store,
+    registry: PolicyRegistry,
+    committed: CommittedVersion,
+    actor: str,
+    *,
+    promote: bool = True,
 ) -> Published:
-    """Put a committed version in the registry and move champion to it (idempotent)."""
+    """Put a committed version in the registry, READY, and (`promote`) make it champion (idempotent)."""
     m = committed.manifest
     if not registry.exists(committed.version):
         record = PolicyVersion(
@@ -130,7 +137,7 @@ def register(
             created_at=m["created_at"], metrics=m["metrics"],
         )  # fmt: skip
         registry.publish(record, trained_events=len(m["trained_event_ids"]))
-    champion, conflict = _promote(registry, committed, actor)
+    champion, conflict = _promote(registry, committed, actor) if promote else (False, None)
     store.mark_registered(committed.version)
     return Published(committed.version, committed.parent, committed.checkpoint, champion, conflict)
 
@@ -138,7 +145,7 @@ def register(
 def _promote(
     registry: PolicyRegistry, committed: CommittedVersion, actor: str
 ) -> tuple[bool, str | None]:
-    """Move champion parent -> version; until the eval gate exists, training is the gate."""
+    """Move champion parent -> version: the path when no eval gate is configured."""
     if registry.aliases().get(CHAMPION) == committed.version:
         return True, None
     try:
@@ -159,10 +166,13 @@ class Recovery:
     removed: list[str]
 
 
-def recover(store: Store, registry: PolicyRegistry, checkpoints_dir: Path, actor: str) -> Recovery:
+def recover(
+    store: Store, registry: PolicyRegistry, checkpoints_dir: Path, actor: str, promote: bool = True
+) -> Recovery:
     """On start: register committed-but-unregistered versions, delete uncommitted checkpoints."""
     committed = store.committed_versions()
-    registered = [register(store, registry, c, actor) for c in committed if not c.registered]
+    registered = [register(store, registry, c, actor, promote=promote)
+                  for c in committed if not c.registered]  # fmt: skip
     known = {c.checkpoint.name for c in committed}
     removed = []
     if checkpoints_dir.is_dir():

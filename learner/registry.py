@@ -205,6 +205,11 @@ class PolicyRegistry:
             )
         return current or None
 
+    def emit(self, event: Any) -> None:
+        """Record a policy event (PolicyRejected, PolicyRolledBack, ...) on the events stream."""
+        self.r.xadd(STREAM_POLICY, encode(event))
+        self.r.publish(POLICY_CHANNEL, f"event:{type(event).__name__}")
+
     def history(self, count: int = 100) -> list[Any]:
         """The newest policy events, oldest first."""
         entries = self.r.xrevrange(STREAM_POLICY, count=count)

@@ -45,6 +45,7 @@ class RoundConfig:
     epochs: int = 1
     batch_size: int = 8  # samples (or pairs) per optimiser update
     actor: str = "learner"
+    promote: bool = True  # False: publish READY and leave the aliases to the eval gate
 
 
 @dataclass(frozen=True)
@@ -105,7 +106,7 @@ def run_round(
         store, registry, save, checkpoints_dir=config.checkpoints_dir, parent=parent,
         kind="full" if config.train.full_finetune else "lora", metrics=metrics, trained=trained,
         let_go={UNTRAINABLE: unusable}, meta={BASELINE_KEY: vars(data.baseline)},
-        actor=config.actor,
+        actor=config.actor, promote=config.promote,
     )  # fmt: skip
     rewards = [s.reward for s in data.samples]
     return RoundResult(

@@ -47,6 +47,7 @@ _HAS_FEEDBACK = (
     "EXISTS (SELECT 1 FROM feedback f WHERE f.trajectory_id = t.event_id AND f.settled IS NULL)"
 )
 _DUE = f"t.settled IS NULL AND ({_HAS_FEEDBACK} OR t.finished_at <= ?)"
+_HAS_ANY_FEEDBACK = "EXISTS (SELECT 1 FROM feedback f WHERE f.trajectory_id = t.event_id)"
 
 
 @dataclass(frozen=True)
@@ -199,6 +200,60 @@ class Store:
         row = self.db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
         return json.loads(row[0]) if row else default
 
+    # -- reads for release control (eval gate, off-policy estimate, canary) -----------------
+
+    def trained_runs(self, version: str) -> list[tuple[TrajectoryEvent, list[FeedbackEvent]]]:
+        """The trajectories `version` learned from (its ledger), each with all its feedback."""
+        rows = self.db.execute(
+            "SELECT t.data FROM ledger l JOIN trajectories t ON t.event_id = l.event_id "
+            "WHERE l.version = ? ORDER BY t.finished_at",
+            (version,),
+        ).fetchall()
+        return self._with_feedback([TrajectoryEvent.model_validate_json(r[0]) for r in rows])
+
+    def rewarded_runs(
+        self,
+        *,
+        since: float = 0.0,
+        limit: int = 512,
+        versions: Sequence[str] | None = None,
+        not_trained_by: str | None = None,
+    ) -> list[tuple[TrajectoryEvent, list[FeedbackEvent]]]:
+        """Runs finished since `since` that got feedback (trained or not), newest first.
+
+        `versions` keeps runs served by those policy versions; `not_trained_by` leaves out
+        what that version learned from (held-out logged traffic).
+        """
+        where, args = ["t.finished_at >= ?", _HAS_ANY_FEEDBACK], [since]
+        if versions is not None:
+            where.append(f"json_extract(t.data, '$.policy_version') IN ({_marks(versions)})")
+            args += list(versions)
+        if not_trained_by is not None:
+            where.append("NOT EXISTS (SELECT 1 FROM ledger l WHERE l.event_id = t.event_id "
+                         "AND l.version = ?)")  # fmt: skip
+            args.append(not_trained_by)
+        rows = self.db.execute(
+            f"SELECT t.data FROM trajectories t WHERE {' AND '.join(where)} "
+            "ORDER BY t.finished_at DESC LIMIT ?",
+            (*args, limit),
+        ).fetchall()
+        return self._with_feedback([TrajectoryEvent.model_validate_json(r[0]) for r in rows])
+
+    def _with_feedback(
+        self, trajectories: list[TrajectoryEvent]
+    ) -> list[tuple[TrajectoryEvent, list[FeedbackEvent]]]:
+        by_id: dict[str, list[FeedbackEvent]] = {t.event_id: [] for t in trajectories}
+        for chunk in _chunks(list(by_id), 500):
+            rows = self.db.execute(
+                f"SELECT data FROM feedback WHERE trajectory_id IN ({_marks(chunk)}) "
+                "ORDER BY created_at",
+                chunk,
+            ).fetchall()
+            for (data,) in rows:
+                f = FeedbackEvent.model_validate_json(data)
+                by_id[f.trajectory_id].append(f)
+        return [(t, by_id[t.event_id]) for t in trajectories]
+
     # -- figures for the display -----------------------------------------------------------
 
     def counts(self) -> dict[str, int]:
@@ -236,6 +291,10 @@ def _mark(db: sqlite3.Connection, ids: list[str], state: str) -> None:
             f"UPDATE {table} SET settled = ? WHERE event_id = ? AND settled IS NULL",
             [(state, i) for i in ids],
         )
+
+
+def _marks(values: Sequence[object]) -> str:
+    return ",".join("?" * len(values))
 
 
 def _chunks(items: list[str], size: int) -> Iterator[list[str]]:
