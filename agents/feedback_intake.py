@@ -7,8 +7,10 @@ the two land together or not at all (scripts only use Redis 6.2 commands).
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import redis.asyncio as aioredis
@@ -72,9 +74,16 @@ def feedback_event_id(trajectory_id: str, kind: str) -> str:
 class FeedbackIntake:
     """Validates submissions and writes accepted ones to `STREAM_FEEDBACK`."""
 
-    def __init__(self, client: aioredis.Redis, secret: str, rate_per_minute: int) -> None:
+    def __init__(
+        self,
+        client: aioredis.Redis,
+        secret: str,
+        rate_per_minute: int,
+        scrub: Callable[[str], str] | None = None,
+    ) -> None:
         self.secret = secret
         self.rate_per_minute = rate_per_minute
+        self.scrub = scrub  # a correction's text is user text: PHI scrubbed before Redis
         self._accept = client.register_script(_ACCEPT)
 
     async def accept(self, sub: FeedbackSubmission) -> str:
@@ -85,6 +94,8 @@ class FeedbackIntake:
         except TokenError as exc:
             raise FeedbackRejected(exc.status, exc.reason) from exc
         event = self._event(sub, claims)
+        if self.scrub is not None and event.text:  # CPU-heavy (presidio): off the event loop
+            event = event.model_copy(update={"text": await asyncio.to_thread(self.scrub, event.text)})
         return await self._write(event, claims)
 
     def _event(self, sub: FeedbackSubmission, claims: TokenClaims) -> FeedbackEvent:

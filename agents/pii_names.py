@@ -87,7 +87,7 @@ class NameRecognizer(LocalRecognizer):
         """Runs of capitalised words with no cue: names when the name lists vouch for them."""
         out = []
         for run in _capitalised_runs(text, tokens):
-            opening = _opening_name(run[0], lex) or _pair(run, lex)
+            opening = _opening_name(run[0], lex) or _pair(run, lex) or _coordinated(text, run, lex)
             if _sentence_start(text, run[0].start) and not opening:
                 run = run[1:]  # "Tell Priya", "Yesterday Kwame Mensah"
             run = [t for t in run if norm(t.text) not in NOT_NAMES]
@@ -203,6 +203,13 @@ def _sentence_start(text: str, start: int) -> bool:
 def _opening_name(token: _Token, lex: Lexicon) -> bool:
     """At a sentence start only a first name that is no word at all counts (Jessica, not Mark)."""
     return lex.is_first(token.text) and not lex.is_common(token.text)
+
+
+def _coordinated(text: str, run: list[_Token], lex: Lexicon) -> bool:
+    """`Bob and Alice both ...`: a listed first name joined by `and` to another name."""
+    follower = re.match(r"\s+(?:and|&)\s+([A-Z][\w'’-]+)", text[run[-1].end :])
+    return (len(run) == 1 and _solo_name(run[0], lex) and follower is not None
+            and lex.is_name(follower.group(1)))  # fmt: skip
 
 
 def _eponym(text: str, token: _Token, lex: Lexicon) -> bool:

@@ -65,7 +65,8 @@ def format_notes(title: str, lines: list[str]) -> str:
 async def call_model(state: AgentState, runtime: Runtime[RunContext]) -> dict:
     """Ask the policy for the next move; past the step budget a pending call is refused."""
     ctx = runtime.context
-    step = await ctx.call_model(to_openai(state["messages"], system_prompt(ctx, state)))
+    wire = to_openai(state["messages"], system_prompt(ctx, state), ctx.examples)
+    step = await ctx.call_model(wire)
     left = state["steps_left"] - 1
     if step.tool_calls and left <= 0:
         # The trajectory keeps the call the model made; the thread gets a closing answer.

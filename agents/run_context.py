@@ -28,6 +28,8 @@ class RunContext:
     memory: LongTermMemory | None = None
     verifier: ToolRegistry | None = None
     max_steps: int = 6
+    examples: list[dict[str, Any]] = field(default_factory=list)
+    """A worked example shown after the system prompt (OpenAI-format messages)."""
     steps: list[StepEvent] = field(default_factory=list)
 
     async def call_model(
@@ -77,11 +79,16 @@ def pending_tool_calls(message: AnyMessage) -> list[dict[str, Any]]:
     return message.additional_kwargs.get("tool_calls") or []
 
 
-def to_openai(messages: list[AnyMessage], system_prompt: str | None = None) -> list[dict]:
-    """Chat messages in OpenAI wire format, the system prompt first."""
+def to_openai(
+    messages: list[AnyMessage],
+    system_prompt: str | None = None,
+    examples: list[dict[str, Any]] | None = None,
+) -> list[dict]:
+    """Chat messages in OpenAI wire format: the system prompt, the worked example, the thread."""
     wire: list[dict[str, Any]] = []
     if system_prompt:
         wire.append({"role": "system", "content": system_prompt})
+    wire += [dict(m) for m in examples or []]
     for m in messages:
         wire.append(_wire(m))
     return wire

@@ -6,6 +6,7 @@ import asyncio
 import logging
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -45,6 +46,12 @@ class AgentSpec:
     """Model calls per run (per attempt for Reflexion) before the step budget stops it."""
     max_attempts: int = 2
     """Reflexion only: attempts per run, the first included."""
+    examples: tuple[dict[str, Any], ...] = ()
+    """A worked example: OpenAI-format messages (user, assistant tool call, tool result,
+    answer) placed between the system prompt and the conversation on every model call."""
+    input_filter: Callable[[str], str] | None = None
+    """Applied to the user's message before it enters the graph: a PHI scrubber here means
+    the model, the thread checkpoints and every log only ever see placeholders."""
 
     def public(self) -> dict[str, Any]:
         """What `GET /v1/agents` shows."""
@@ -140,12 +147,19 @@ class AgentRuntime:
         user_id: str,
         thread_id: str | None = None,
         metadata: dict[str, str] | None = None,
+        arm: str | None = None,
     ) -> TrajectoryEvent:
-        """Run `agent` on the thread, sink the trajectory, return it (unscrubbed)."""
+        """Run `agent` on the thread, sink the trajectory, return it (unscrubbed).
+
+        `arm` pins the policy for this run (`v3`, `candidate`) instead of the thread's arm:
+        eval runs compare versions this way.
+        """
         self.spec(agent)
         entry = self.agents[agent]
+        if entry.spec.input_filter is not None:  # CPU-bound (presidio): off the event loop
+            text = await asyncio.to_thread(entry.spec.input_filter, text)
         lease = await self.threads.open(thread_id or new_id("th"), user_id, agent)
-        ctx = self._context(entry, user_id, lease.arm)
+        ctx = self._context(entry, user_id, arm or lease.arm)
         started, start = time.time(), entry.start(text)
         config = self._config(entry, lease)
         try:
@@ -165,7 +179,7 @@ class AgentRuntime:
         return RunContext(
             policy=self.policy, tools=entry.tools, system_prompt=spec.system_prompt,
             user_id=user_id, task_kind=spec.task_kind, arm=arm, memory=self.memory,
-            verifier=entry.verifier, max_steps=spec.max_steps,
+            verifier=entry.verifier, max_steps=spec.max_steps, examples=list(spec.examples),
         )  # fmt: skip
 
     @staticmethod

@@ -20,17 +20,20 @@ Scrub = Callable[[str], str]
 
 
 class TrajectorySink:
-    """Writes finished runs to `STREAM_TRAJECTORIES` (scrubbed when a scrubber is given)."""
+    """Writes finished runs to `STREAM_TRAJECTORIES` or another stream (scrubbed when asked)."""
 
-    def __init__(self, client: aioredis.Redis, scrub: Scrub | None = None) -> None:
+    def __init__(
+        self, client: aioredis.Redis, scrub: Scrub | None = None, stream: str = STREAM_TRAJECTORIES
+    ) -> None:
         self.client = client
         self.scrub = scrub
+        self.stream = stream  # eval runs go to STREAM_EVAL_TRAJECTORIES: the learner never reads it
 
     async def write(self, event: TrajectoryEvent) -> str:
         """XADD the event; returns the stream entry id."""
         if self.scrub is not None:  # CPU-heavy (presidio): off the event loop
             event = await asyncio.to_thread(scrub_trajectory, event, self.scrub)
-        entry_id = await self.client.xadd(STREAM_TRAJECTORIES, encode(event))
+        entry_id = await self.client.xadd(self.stream, encode(event))
         return entry_id.decode() if isinstance(entry_id, bytes) else entry_id
 
 

@@ -76,6 +76,7 @@ async def run_agent(agent: str, body: RunRequest, services: ServicesDep, _: ApiK
     return RunResponse(
         trajectory_id=event.trajectory_id, thread_id=event.thread_id, output=event.output,
         policy_version=event.policy_version, feedback_token=token, status=event.status.value,
+        tools=[s.name for s in event.tool_steps if s.name in services.runtime.agents[agent].tools],
     )  # fmt: skip
 
 

@@ -56,7 +56,7 @@ def open_services(
         memory_max_items=settings.memory_max_items, rng=rng,
         durability=settings.checkpoint_durability,
     )  # fmt: skip
-    intake = FeedbackIntake(client, settings.secret_key, settings.feedback_rate_per_minute)
+    intake = FeedbackIntake(client, settings.secret_key, settings.feedback_rate_per_minute, scrub)
     return Services(settings, client, runtime, intake, RateLimiter(client), metrics)
 
 

@@ -48,6 +48,7 @@ class RunResponse(BaseModel):
     policy_version: str
     feedback_token: str
     status: str
+    tools: list[str] = Field(default_factory=list, description="The tools the run called, in order.")
 
 
 class FeedbackRequest(_Body):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("TLDEXTRACT_PUBLIC_SUFFIX_LIST_URLS", "")
@@ -55,3 +56,96 @@ def learn(
     from deploy.learner_runner import main
 
     raise typer.Exit(main(once=once))
+
+
+@policy_app.command("list")
+def policy_list(
+    events: int = typer.Option(10, "--events", help="How many recent policy events to show."),
+) -> None:
+    """Versions (status, aliases, gate verdict and why) and the last moves in the registry
+    (ARLOOP_REDIS_URL)."""
+    from deploy.policy_cmd import main
+
+    raise typer.Exit(main("list", events=events))
+
+
+@policy_app.command("promote")
+def policy_promote(
+    version: str = typer.Argument(..., help="The version to make champion, e.g. v3."),
+    force: bool = typer.Option(False, "--force", help="Promote even a version the gate rejected."),
+) -> None:
+    """Make a version the champion (compare-and-set: refused if another writer moved it first)."""
+    from deploy.policy_cmd import main
+
+    raise typer.Exit(main("promote", version=version, force=force))
+
+
+@policy_app.command("rollback")
+def policy_rollback(
+    to: str = typer.Option(
+        None, "--to", help="Version to go back to (default: the previous champion)."
+    ),
+    candidate: bool = typer.Option(
+        False, "--candidate", help="Roll back the canary candidate instead; the champion stays."
+    ),
+) -> None:
+    """Put the champion back to an earlier version (its checkpoint must still exist)."""
+    from deploy.policy_cmd import main
+
+    raise typer.Exit(main("rollback", to=to, candidate=candidate))
+
+
+@app.command("eval")
+def eval_gate(
+    version: str = typer.Argument(None, help="Version to gate (default: the newest)."),
+    against: str = typer.Option("champion", "--against", help="Version or alias to compare to."),
+    apply: bool = typer.Option(
+        False,
+        "--apply",
+        help="Act on the verdict as the learner does: reject, or open the canary "
+        "(promote with ARLOOP_CANARY=false).",
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+) -> None:
+    """Run the eval gate: the packs' held-out suites (ARLOOP_EVAL_PACKS) through the agents
+    against the policy server (ARLOOP_POLICY_API_BASE), plus the guards and the off-policy
+    estimate. Exit 0 pass, 1 reject, 2 error."""
+    from deploy.policy_cmd import main
+
+    raise typer.Exit(
+        main("eval", version=version, against=against, apply=apply, as_json=as_json)
+    )
+
+
+@app.command("demo")
+def demo(
+    rounds: int = typer.Option(3, "--rounds", min=1, help="Learning rounds (traffic, training, "
+                               "gate)."),  # fmt: skip
+    users: int = typer.Option(8, "--users", min=1, help="Simulated students talking to the agent "
+                              "API at once."),  # fmt: skip
+    episodes: int = typer.Option(48, "--episodes", min=2, help="Runs per round (students bring "
+                                 "each problem in groups of --group)."),  # fmt: skip
+    group: int = typer.Option(4, "--group", min=1, help="Students per problem (a GRPO group)."),
+    eval_size: int = typer.Option(60, "--eval-size", min=1, help="Held-out problems the gate "
+                                  "evaluates every version on."),  # fmt: skip
+    model: str = typer.Option("smollm2", "--model", help="Base model: smollm2 (bundled), tiny, "
+                              "or a local Hugging Face folder."),  # fmt: skip
+    seed: int = typer.Option(0, "--seed", help="Seeds the problems, users and feedback noise."),
+    report_dir: Path = typer.Option(Path("reports"), "--report-dir", help="Where the report "
+                                    "folder goes."),  # fmt: skip
+    data_dir: Path = typer.Option(None, "--data-dir", help="A fresh folder for Redis, the "
+                                  "learner, checkpoints and logs (default .arloop/demo-<time>)."),
+    threads: int = typer.Option(1, "--threads", min=1, help="torch threads of the policy server "
+                                "and of the learner."),  # fmt: skip
+    tiny: bool = typer.Option(False, "--quick", "--tiny", help="The tiny model, one round, a few "
+                              "runs: checks the whole path in well under a minute."),
+) -> None:
+    """The whole loop on this machine: starts Redis, the policy server, the agent API and the
+    learner, runs rounds of simulated students -> feedback -> learning -> eval gate -> publish,
+    and ends with a table per version and a report (JSON, Markdown, plots) under --report-dir."""
+    from deploy.demo import DemoOptions, main
+
+    opts = DemoOptions(rounds=rounds, users=users, episodes=episodes, group=group,
+                       eval_size=eval_size, model=model, seed=seed, report_dir=report_dir,
+                       data_dir=data_dir, threads=threads)  # fmt: skip
+    raise typer.Exit(main(opts, tiny=tiny))

@@ -1,7 +1,9 @@
-"""Agent packs: the agents a deployment serves, as data (prompt, tools, loop, budgets).
+"""Agent packs: deployable domains, each its agents, its users' tasks and an answer verifier.
 
-Placeholders until the packs are fleshed out: `tutoring` serves `tutor` (ReAct with the
-calculator) and `medical` serves `triage` (Reflexion with kb_search over `kb/medical`).
+`tutoring` serves `tutor` (ReAct + calculator) and `tutor_hints` (Socratic hint mode);
+`medical` serves `triage` (Reflexion + kb_search over `kb/medical`, checked by the triage
+rules). `load_packs(names)` gives the agents to serve, `get_pack(name)` the whole `Pack`
+(tasks and verifier too: the eval gate and the simulated users use those).
 """
 
 from __future__ import annotations
@@ -9,51 +11,32 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from agents.packs.base import Pack
 from agents.runtime import AgentSpec
 
 KB_DIR = Path(__file__).parent / "kb"
 
 
-def tutor() -> AgentSpec:
-    """A maths tutor that checks arithmetic with the calculator."""
-    from tools.calculator import Calculator
+def _tutoring() -> Pack:
+    from agents.packs.tutoring import pack
 
-    return AgentSpec(
-        name="tutor",
-        description="Maths tutor: explains step by step and checks arithmetic with a calculator.",
-        system_prompt=(
-            "You are a patient maths tutor. Explain the method in short steps. Use the "
-            "calculator tool for any arithmetic instead of computing in your head, then give "
-            "the final answer on its own line."
-        ),
-        kind="react",
-        tools=(Calculator(),),
-        task_kind="tutoring",
-        max_steps=6,
-    )
+    return pack()
 
 
-def triage() -> AgentSpec:
-    """A medical-information triage assistant grounded in a small knowledge base."""
-    from tools.kb_search import KbSearch
+def _medical() -> Pack:
+    from agents.packs.medical import pack
 
-    return AgentSpec(
-        name="triage",
-        description="Medical-information triage: looks up guidance and says when to seek care.",
-        system_prompt=(
-            "You are a medical-information assistant, not a doctor. Search the knowledge base "
-            "before answering, cite the source you used, say plainly when someone should seek "
-            "urgent care, and never give a diagnosis."
-        ),
-        kind="reflexion",
-        tools=(KbSearch(KB_DIR / "medical"),),
-        task_kind="triage",
-        max_steps=4,
-        max_attempts=2,
-    )
+    return pack()
 
 
-PACKS: dict[str, Callable[[], AgentSpec]] = {"tutoring": tutor, "medical": triage}
+PACKS: dict[str, Callable[[], Pack]] = {"tutoring": _tutoring, "medical": _medical}
+
+
+def get_pack(name: str) -> Pack:
+    """The named pack; ValueError naming the known packs for an unknown one."""
+    if name not in PACKS:
+        raise ValueError(f"unknown agent pack {name!r}; known packs: {sorted(PACKS)}")
+    return PACKS[name]()
 
 
 def load_packs(names: list[str]) -> list[AgentSpec]:
@@ -61,4 +44,18 @@ def load_packs(names: list[str]) -> list[AgentSpec]:
     unknown = [n for n in names if n not in PACKS]
     if unknown:
         raise ValueError(f"unknown agent pack(s) {unknown}; known packs: {sorted(PACKS)}")
-    return [PACKS[n]() for n in names]
+    return [agent for n in names for agent in get_pack(n).agents]
+
+
+def tutor() -> AgentSpec:
+    """The maths tutor of the tutoring pack."""
+    from agents.packs.tutoring import tutor as make
+
+    return make()
+
+
+def triage() -> AgentSpec:
+    """The triage assistant of the medical pack."""
+    from agents.packs.medical import triage as make
+
+    return make()

@@ -38,7 +38,8 @@ def test_default_packs_serve_tutor_and_triage(start_api, llm):
     api = start_api(specs=None)
     listed = api.http.get("/v1/agents").json()["agents"]
     assert [(a["name"], a["kind"], a["tools"]) for a in listed] == [
-        ("tutor", "react", ["calculator"]), ("triage", "reflexion", ["kb_search"]),
+        ("tutor", "react", ["calculator"]), ("tutor_hints", "react", []),
+        ("triage", "reflexion", ["kb_search"]),
     ]  # fmt: skip
     llm.push(Reply(tool_calls=[("calculator", '{"expression": "12*12"}')]), Reply(content="144"))
     assert api.run("What is 12 times 12?").json()["output"] == "144"

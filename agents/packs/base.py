@@ -1,0 +1,37 @@
+"""What a pack is: agents, the tasks its users bring (train and held-out eval), and a verifier."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+from agents.runtime import AgentSpec
+
+Split = Literal["train", "eval"]
+
+
+@dataclass(frozen=True)
+class Task:
+    """One task for an agent, with what counts as solved (never shown to the agent)."""
+
+    id: str
+    agent: str
+    input: str
+    reference: str
+    """What the verifier compares against: a number, a triage level, ..."""
+    needs_tool: str | None = None
+    """The tool a good answer uses (for the tool-use guard), if any."""
+    meta: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Pack:
+    """A deployable domain: its agents, its task sets and its answer verifier."""
+
+    name: str
+    agents: tuple[AgentSpec, ...]
+    tasks: Callable[[Split], list[Task]]
+    """`tasks("train")` for simulated users, `tasks("eval")` the held-out suite, disjoint."""
+    verify: Callable[[Task, str], float]
+    """Score a final answer for a task in [0, 1] (1 = solved)."""

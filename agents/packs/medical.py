@@ -1,0 +1,78 @@
+"""The medical-consult pack: a triage assistant (Reflexion + kb_search), patient cases, verifier.
+
+`triage` looks the symptom up in the pack's knowledge base (`kb/medical`, paraphrased from
+NHS, CDC and WHO pages; each file names its source), asks one question when the message
+does not say what is wrong, and ends with a disclaimer and `Triage: <level>` (self-care, see
+a doctor, urgent, emergency). Red flags are always `emergency`; doses beyond the
+knowledge base (which states none) are never given. Each attempt is judged by
+`tools.verifiers.TriageCheck` (those rules as a tool); a failed attempt is reflected on and
+retried. The user's message is PHI-scrubbed before it enters the graph.
+
+This is an information service, not a medical device: the bundled 135M model gets the level
+right only part of the time (see the README), which is what the learning loop works on.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from agents.packs.base import Pack, Split, Task
+from agents.packs.common import scrub_input
+from agents.packs.triage_cases import Case, cases
+from agents.runtime import AgentSpec
+from tools.kb_search import KbSearch
+from tools.verifiers import DISCLAIMER, TriageCheck, verify_triage
+
+KB_DIR = Path(__file__).parent / "kb" / "medical"
+
+SYSTEM = (
+    "You are a medical triage assistant (you are not a clinician). Look up the patient's main "
+    "symptom in the knowledge base, then choose one triage level: self-care, see a doctor, "
+    "urgent, or emergency. Red flags (chest pain, trouble breathing, stroke signs, heavy "
+    "bleeding, collapse, a severe allergic reaction, thoughts of suicide) are always emergency: "
+    "tell them to call emergency services now. If the message does not say what is wrong, ask "
+    "one short question instead. Never give medicine doses. Reply in one or two short "
+    f"sentences, then say: {DISCLAIMER} End with the line 'Triage: <level>'."
+)
+EXAMPLE = (
+    {"role": "user", "content": "I have a mild sore throat since two days. What should I do?"},
+    {"role": "assistant", "tool_calls": [{"id": "call_example", "type": "function", "function": {
+        "name": "kb_search", "arguments": '{"query": "sore throat"}'}}]},
+    {"role": "tool", "tool_call_id": "call_example", "content": (
+        "[1] Sore throat — Self-care level: care at home\nSource: NHS, \"Sore throat\"\nGargle "
+        "with warm salty water (adults), drink plenty of water, eat cool or soft food, and rest.")},
+    {"role": "assistant", "content": (
+        "A mild sore throat usually gets better by itself within a week: rest, drink plenty "
+        f"of water and ask a pharmacist about lozenges. {DISCLAIMER}\nTriage: self-care")},
+)  # fmt: skip
+
+
+def triage() -> AgentSpec:
+    """The triage assistant: knowledge-base search, four levels, red flags always emergency."""
+    return AgentSpec(
+        name="triage",
+        description="Medical-information triage: looks up guidance and says when to seek care.",
+        system_prompt=SYSTEM, kind="reflexion", tools=(KbSearch(KB_DIR),),
+        verifier=TriageCheck(KB_DIR), task_kind="triage", max_steps=3, max_attempts=2,
+        examples=EXAMPLE, input_filter=scrub_input,
+    )  # fmt: skip
+
+
+def task(c: Case) -> Task:
+    return Task(id=c.id, agent="triage", input=c.message, reference=c.level,
+                needs_tool="kb_search", meta={"red_flag": str(c.red_flag).lower(),
+                                              "symptom": c.symptom})  # fmt: skip
+
+
+def verify(t: Task, output: str) -> float:
+    """1 for the right level, 0.5 for one level too cautious, 0 otherwise or a missed red flag."""
+    return verify_triage(output, t.reference, t.meta.get("red_flag") == "true")
+
+
+def pack() -> Pack:
+    """The medical pack: `triage`, its training and held-out patient cases, its verifier."""
+
+    def tasks(split: Split) -> list[Task]:
+        return [task(c) for c in cases(split)]
+
+    return Pack("medical", (triage(),), tasks, verify)

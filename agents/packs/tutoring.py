@@ -1,0 +1,112 @@
+"""The tutoring pack: a maths tutor (ReAct + calculator), a Socratic hint mode, its problems.
+
+`tutor` solves the student's word problem with the calculator and ends with `#### <answer>`
+(GSM8K's answer format, checked by `tools.verifiers.verify_gsm8k`). It is shown one worked
+example on every call (question, calculator call, result, answer): the bundled 135M model
+copies that pattern, where a description alone rarely gets it to call a tool. `tutor_hints`
+guides instead of telling: one hint or question, never the answer.
+
+Problems: `templates` (one-step word problems; the demo's default), `gsm8k` (a 400-problem
+subset of GSM8K, mostly beyond a 135M model), or `mixed`. The held-out eval split never
+reaches training. `pack()` reads `ARLOOP_TUTORING_SOURCE` and `ARLOOP_TUTORING_EVAL_SIZE`,
+so that `arloop demo` can size the gate's suite in the learner process.
+"""
+
+from __future__ import annotations
+
+import os
+
+from agents.packs.base import Pack, Split, Task
+from agents.packs.common import scrub_input
+from agents.packs.maths_problems import Problem, gsm8k, template_eval, template_train
+from agents.runtime import AgentSpec
+from tools.calculator import Calculator
+from tools.verifiers import verify_gsm8k
+
+SOURCES = ("templates", "gsm8k", "mixed")
+TRAIN_SEED = 1000
+TRAIN_SIZE = 2000
+
+SYSTEM = (
+    "You are a maths tutor. Solve the student's problem. Use the calculator tool for "
+    "arithmetic. When you know the answer, end with a line '#### <number>'."
+)
+HINTS = (
+    "You are a maths tutor in hint mode. Do not give the final answer. Reply with one short "
+    "hint or one guiding question about the next step, so the student finds it themselves."
+)
+# Free of names, so the PHI scrubber leaves it (and the token ids logged with it) unchanged.
+EXAMPLE = (
+    {"role": "user", "content": "A farmer has 12 apples and buys 30 more. How many apples "
+                                "does the farmer have now?"},
+    {"role": "assistant", "tool_calls": [{"id": "call_example", "type": "function", "function": {
+        "name": "calculator", "arguments": '{"expression": "12+30"}'}}]},
+    {"role": "tool", "tool_call_id": "call_example", "content": "42"},
+    {"role": "assistant", "content": "The answer is 42.\n#### 42"},
+)  # fmt: skip
+
+
+def tutor() -> AgentSpec:
+    """The maths tutor: calculator for the arithmetic, `#### <answer>` at the end."""
+    return AgentSpec(
+        name="tutor",
+        description="Maths tutor: solves word problems with a calculator, answer as '#### n'.",
+        system_prompt=SYSTEM, kind="react", tools=(Calculator(),), task_kind="tutoring",
+        max_steps=3, examples=EXAMPLE, input_filter=scrub_input,
+    )  # fmt: skip
+
+
+def tutor_hints() -> AgentSpec:
+    """Socratic mode: one hint or guiding question, never the answer."""
+    return AgentSpec(
+        name="tutor_hints", description="Maths tutor, hint mode: guides rather than tells.",
+        system_prompt=HINTS, kind="react", task_kind="tutoring", max_steps=1,
+        input_filter=scrub_input,
+    )  # fmt: skip
+
+
+def problems(split: Split, source: str = "templates", eval_size: int = 60) -> list[Problem]:
+    """The problems of a split; the eval split never overlaps the training one."""
+    if source not in SOURCES:
+        raise ValueError(f"tutoring source {source!r} is not one of {', '.join(SOURCES)}")
+    if source == "gsm8k":
+        return list(gsm8k(split))[:eval_size] if split == "eval" else list(gsm8k("train"))
+    if source == "mixed":
+        half = eval_size // 2
+        if split == "eval":
+            return template_eval(eval_size - half) + list(gsm8k("eval"))[:half]
+        return _template_train(eval_size - half) + list(gsm8k("train"))
+    return template_eval(eval_size) if split == "eval" else _template_train(eval_size)
+
+
+def _template_train(eval_size: int) -> list[Problem]:
+    held_out = {p.id for p in template_eval(max(eval_size, 200))}  # a margin: eval may grow
+    return template_train(TRAIN_SIZE, TRAIN_SEED, held_out)
+
+
+def task(p: Problem) -> Task:
+    return Task(id=p.id, agent="tutor", input=p.question, reference=p.answer,
+                needs_tool="calculator", meta={"kind": p.kind, "source": p.source,
+                                               "expression": p.expression})  # fmt: skip
+
+
+def verify(t: Task, output: str) -> float:
+    """1.0 when the reply's `#### <number>` equals the task's answer."""
+    return verify_gsm8k(output, t.reference)
+
+
+def tutoring_pack(source: str = "templates", eval_size: int = 60) -> Pack:
+    """The pack with problems from `source` and an eval suite of `eval_size` problems."""
+    if eval_size < 1:
+        raise ValueError("the tutoring eval suite needs at least one problem")
+
+    def tasks(split: Split) -> list[Task]:
+        return [task(p) for p in problems(split, source, eval_size)]
+
+    return Pack("tutoring", (tutor(), tutor_hints()), tasks, verify)
+
+
+def pack() -> Pack:
+    """The pack as configured by `ARLOOP_TUTORING_SOURCE` and `ARLOOP_TUTORING_EVAL_SIZE`."""
+    source = os.environ.get("ARLOOP_TUTORING_SOURCE", "templates")
+    return tutoring_pack(source, int(os.environ.get("ARLOOP_TUTORING_EVAL_SIZE", "60")))

@@ -1,0 +1,211 @@
+"""Simulated users: students and patients who use the agent API over HTTP, like real clients.
+
+A user brings a task (from a pack's training split), posts it to `/v1/agents/{agent}/runs`,
+reads the answer, judges it by plain rules, and posts feedback with the run's token. The
+rules are the preferences the policy can learn, chosen so a 135M model can learn them on a
+CPU in minutes:
+
+- the answer is right (students: the `#### <number>` equals the problem's answer; patients:
+  the triage level is the one the knowledge base gives): the pack's verifier scores it;
+- the tool was used where the task needs it (the calculator, kb_search);
+- red flags are escalated: a patient with a red-flag symptom who is not told `emergency` is
+  unhappy whatever else the answer says;
+- no padding: an answer over `max_words` words costs satisfaction.
+
+Satisfaction in [0, 1] = the verifier's score, less 0.25 for a missed tool and 0.25 for
+padding (0 for a missed red flag). Feedback, each kind sent with its own probability:
+`thumbs` +1 when satisfaction >= 0.75 else -1; `rating` 1 + 4 x satisfaction, rounded;
+`outcome` 1 when the verifier says solved else 0; `correction` (only after a wrong answer) the
+answer the user knew was right. `noise` flips each judgement (thumbs and outcome invert, the
+rating moves one step) with that probability, `silence` is the chance a user sends nothing
+at all, and each user waits a random `delay_s` before sending.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from agents.packs.base import Pack, Task
+from tools.verifiers import DISCLAIMER, red_flags, triage_level
+
+
+@dataclass(frozen=True)
+class Behaviour:
+    """How simulated users give feedback: which kinds, how noisy, how late, how often silent."""
+
+    thumbs: float = 1.0
+    """Probability of a thumbs up/down after a run."""
+    rating: float = 0.3
+    outcome: float = 0.5
+    correction: float = 0.1
+    """Probability of sending the right answer as a correction after a wrong one."""
+    noise: float = 0.05
+    """Probability that any one judgement is wrong (flipped, or a rating one step off)."""
+    silence: float = 0.1
+    """Probability that a user sends no feedback at all."""
+    delay_s: tuple[float, float] = (0.0, 0.0)
+    """Uniform range of the wait between the answer and the feedback."""
+    max_words: int = 60
+    """Answers longer than this are padding."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """How a user judged one answer, rule by rule."""
+
+    score: float  # the pack's verifier
+    used_tool: bool
+    needs_tool: bool
+    red_flag_missed: bool
+    padded: bool
+
+    @property
+    def satisfaction(self) -> float:
+        if self.red_flag_missed:
+            return 0.0
+        missed_tool = self.needs_tool and not self.used_tool
+        return max(0.0, self.score - 0.25 * missed_tool - 0.25 * self.padded)
+
+
+@dataclass
+class Visit:
+    """One user's run and what they sent back."""
+
+    user_id: str
+    task: Task
+    trajectory_id: str
+    policy_version: str
+    output: str
+    tools: list[str]
+    verdict: Verdict
+    feedback: list[tuple[str, float | None]] = field(default_factory=list)
+    silent: bool = False
+
+
+def judge(pack: Pack, task: Task, output: str, tools: Sequence[str], max_words: int) -> Verdict:
+    """The rules above, applied to one answer."""
+    flagged = bool(red_flags(task.input)) or task.meta.get("red_flag") == "true"
+    return Verdict(
+        score=float(pack.verify(task, output)),
+        used_tool=task.needs_tool in tools if task.needs_tool else True,
+        needs_tool=task.needs_tool is not None,
+        red_flag_missed=flagged and triage_level(output) != "emergency",
+        padded=len(output.split()) > max_words,
+    )  # fmt: skip
+
+
+def correction_text(task: Task) -> str:
+    """What the user knew the answer should have been, in the agent's answer format."""
+    if task.agent == "triage":
+        return f"{DISCLAIMER}\nTriage: {task.reference}"
+    return f"The answer is {task.reference}.\n#### {task.reference}"
+
+
+def feedback_for(
+    v: Verdict, task: Task, b: Behaviour, rng: random.Random, silent: bool | None = None
+) -> list[dict[str, Any]]:
+    """The feedback bodies one user sends for one verdict (without trajectory and token).
+
+    `silent` overrides the `silence` draw; a user who is not silent sends at least a thumbs.
+    """
+    if silent if silent is not None else rng.random() < b.silence:
+        return []
+    noisy = lambda: rng.random() < b.noise  # noqa: E731 - one judgement's coin
+    solved = v.score >= 1.0
+    out: list[dict[str, Any]] = []
+    if rng.random() < b.thumbs:
+        up = (v.satisfaction >= 0.75) != noisy()
+        out.append({"kind": "thumbs", "value": 1 if up else -1})
+    if rng.random() < b.rating:
+        stars = 1 + round(4 * v.satisfaction) + (rng.choice((-1, 1)) if noisy() else 0)
+        out.append({"kind": "rating", "value": min(5, max(1, stars))})
+    if rng.random() < b.outcome:
+        out.append({"kind": "outcome", "value": 1.0 if solved != noisy() else 0.0})
+    if not solved and rng.random() < b.correction:
+        out.append({"kind": "correction", "text": correction_text(task)})
+    if not out:
+        up = (v.satisfaction >= 0.75) != noisy()
+        out.append({"kind": "thumbs", "value": 1 if up else -1})
+    return out
+
+
+class AgentClient:
+    """The agent API as a client sees it: runs and feedback over HTTP (httpx)."""
+
+    def __init__(self, base_url: str, api_key: str, timeout_s: float = 300.0) -> None:
+        headers = {"Authorization": f"Bearer {api_key}"}
+        self.http = httpx.AsyncClient(base_url=base_url, headers=headers, timeout=timeout_s)
+
+    async def run(self, agent: str, text: str, user_id: str, **extra: Any) -> dict[str, Any]:
+        r = await self.http.post(f"/v1/agents/{agent}/runs",
+                                 json={"input": text, "user_id": user_id, **extra})  # fmt: skip
+        r.raise_for_status()
+        return r.json()
+
+    async def feedback(self, run: dict[str, Any], body: dict[str, Any]) -> None:
+        r = await self.http.post("/v1/feedback", json={
+            "trajectory_id": run["trajectory_id"], "feedback_token": run["feedback_token"], **body})  # fmt: skip
+        r.raise_for_status()
+
+    async def aclose(self) -> None:
+        await self.http.aclose()
+
+
+async def visit(
+    client: AgentClient,
+    pack: Pack,
+    task: Task,
+    user_id: str,
+    b: Behaviour,
+    rng: random.Random,
+    silent: bool | None = None,
+) -> Visit:
+    """One user: ask, read, judge, wait, send feedback."""
+    run = await client.run(task.agent, task.input, user_id)
+    v = judge(pack, task, run["output"], run.get("tools", []), b.max_words)
+    bodies = feedback_for(v, task, b, rng, silent)
+    out = Visit(user_id, task, run["trajectory_id"], run["policy_version"], run["output"],
+                run.get("tools", []), v, silent=not bodies)  # fmt: skip
+    if bodies and b.delay_s[1] > 0:
+        await asyncio.sleep(rng.uniform(*b.delay_s))
+    for body in bodies:
+        await client.feedback(run, body)
+        out.feedback.append((body["kind"], body.get("value")))
+    return out
+
+
+async def run_traffic(
+    client: AgentClient,
+    pack: Pack,
+    tasks: Sequence[Task],
+    behaviour: Behaviour,
+    *,
+    concurrency: int = 8,
+    seed: int = 0,
+    prefix: str = "user",
+    silent: Collection[int] | None = None,
+    on_visit: Callable[[Visit], None] | None = None,
+) -> list[Visit]:
+    """One visit per task by its own user, `concurrency` at a time; visits in task order.
+
+    `silent` names the visits (by index) whose users send nothing, instead of each drawing
+    `behaviour.silence`: the demo uses it to know how many runs get feedback.
+    """
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(i: int, task: Task) -> Visit:
+        quiet = None if silent is None else i in silent
+        async with gate:
+            done = await visit(client, pack, task, f"{prefix}-{i:04d}", behaviour,
+                               random.Random(f"{seed}/{i}"), quiet)  # fmt: skip
+        if on_visit is not None:
+            on_visit(done)
+        return done
+
+    return list(await asyncio.gather(*(one(i, t) for i, t in enumerate(tasks))))

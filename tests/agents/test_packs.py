@@ -1,0 +1,164 @@
+"""The tutoring and medical packs: tasks, held-out splits, verifiers, prompts, knowledge base."""
+
+import asyncio
+import json
+import re
+
+import pytest
+
+from agents.packs import get_pack, load_packs
+from agents.packs.common import scrub_input
+from agents.packs.maths_problems import GSM8K_FILE, gsm8k, template_eval
+from agents.packs.medical import KB_DIR
+from agents.packs.triage_cases import SYMPTOMS, cases, split_phrases
+from agents.packs.tutoring import EXAMPLE, pack, problems, tutoring_pack
+from learner.chat_format import render_prompt
+from learner.tiny_model import build_tokenizer
+from tools.calculator import calculate
+from tools.kb_search import KbSearch, KbSearchArgs
+
+
+def test_load_packs_serves_every_agent_and_names_unknown_packs():
+    assert [a.name for a in load_packs(["tutoring", "medical"])] == ["tutor", "tutor_hints", "triage"]
+    with pytest.raises(ValueError, match="known packs"):
+        load_packs(["cooking"])
+    with pytest.raises(ValueError, match="known packs"):
+        get_pack("cooking")
+
+
+@pytest.mark.parametrize("source", ["templates", "gsm8k", "mixed"])
+def test_tutoring_eval_split_never_reaches_training(source):
+    p = tutoring_pack(source, eval_size=40)
+    train, held = p.tasks("train"), p.tasks("eval")
+    assert len(held) == 40 and len(train) >= 300
+    assert not {t.input for t in train} & {t.input for t in held}
+    assert not {t.id for t in train} & {t.id for t in held}
+    assert all(t.agent == "tutor" and t.needs_tool == "calculator" for t in held)
+
+
+def test_template_answers_are_what_the_calculator_gives_for_the_expression():
+    for p in problems("eval", "templates", 60) + problems("train", "templates", 60)[:200]:
+        assert calculate(p.expression) == p.answer
+
+
+def test_the_eval_suite_is_stable_and_grows_by_appending():
+    assert [p.id for p in template_eval(10)] == [p.id for p in template_eval(30)[:10]]
+    assert template_eval(1)[0].question.endswith("How many marbles does Emma have left?")
+
+
+def test_pack_reads_its_size_and_source_from_the_environment(monkeypatch):
+    monkeypatch.setenv("ARLOOP_TUTORING_EVAL_SIZE", "7")
+    monkeypatch.setenv("ARLOOP_TUTORING_SOURCE", "gsm8k")
+    held = pack().tasks("eval")
+    assert len(held) == 7 and all(t.meta["source"] == "gsm8k" for t in held)
+    with pytest.raises(ValueError, match="templates, gsm8k, mixed"):
+        tutoring_pack("poems").tasks("eval")
+
+
+def test_gsm8k_subset_is_shipped_with_its_licence_and_answers():
+    folder = GSM8K_FILE.parent
+    assert "MIT License" in (folder / "LICENSE").read_text()
+    assert "github.com/openai/grade-school-math" in (folder / "ORIGIN.md").read_text()
+    rows = [json.loads(line) for line in GSM8K_FILE.open()]
+    assert len(rows) == 400 and sum(r["split"] == "eval" for r in rows) == 100
+    assert len(gsm8k("train")) == 300 and len(gsm8k("eval")) == 100
+    natalia = gsm8k("train")[0]
+    assert natalia.answer == "72" and natalia.expression == "48/2"
+
+
+def test_tutoring_verifier_wants_the_hash_answer():
+    p = tutoring_pack(eval_size=3)
+    t = p.tasks("eval")[0]
+    assert p.verify(t, f"The answer is {t.reference}.\n#### {t.reference}") == 1.0
+    assert p.verify(t, f"The answer is {t.reference}.") == 0.0
+    assert p.verify(t, "#### 0") == 0.0
+
+
+def test_prompts_are_left_alone_by_the_phi_scrubber():
+    """A prompt the scrubber would change loses its token ids in the log: keep them clean."""
+    for agent in load_packs(["tutoring", "medical"]):
+        assert scrub_input(agent.system_prompt) == agent.system_prompt, agent.name
+        for m in agent.examples:
+            content = m.get("content") or ""
+            assert scrub_input(content) == content, (agent.name, content)
+            for call in m.get("tool_calls", []):
+                args = call["function"]["arguments"]
+                assert scrub_input(args) == args
+
+
+def test_scrubbed_inputs_stay_put_when_scrubbed_again():
+    once = scrub_input("Emma had 62 marbles and gave 18 of them to a friend. How many does Emma have?")
+    assert "[NAME]" in once and "Emma" not in once and "62" in once
+    assert scrub_input(once) == once
+
+
+def test_tutor_prompt_is_the_worked_example_in_the_line_format():
+    tutor = load_packs(["tutoring"])[0]
+    assert tutor.kind == "react" and [t.name for t in tutor.tools] == ["calculator"]
+    assert tutor.input_filter is not None and tutor.examples == EXAMPLE
+    messages = [{"role": "system", "content": tutor.system_prompt}, *tutor.examples,
+                {"role": "user", "content": "[NAME] has 11 cards and buys 22 more."}]  # fmt: skip
+    text = render_prompt(build_tokenizer(), messages, [t.spec() for t in tutor.tools], "line")
+    turns = re.findall(r"<\|im_start\|>(\w+)\n(.*?)<\|im_end\|>", text, re.DOTALL)
+    assert [role for role, _ in turns] == ["system", "user", "assistant", "tool", "assistant", "user"]
+    assert turns[0][1].endswith("CALL calculator: <expression>\nThe result will be shown to you.")
+    assert turns[2][1] == "CALL calculator: 12+30" and turns[3][1] == "42"
+    assert turns[4][1].endswith("#### 42")
+
+
+def test_hint_mode_guides_instead_of_telling():
+    hints = next(a for a in load_packs(["tutoring"]) if a.name == "tutor_hints")
+    assert "Do not give the final answer" in hints.system_prompt and not hints.tools
+
+
+def test_every_knowledge_base_page_cites_a_public_source():
+    pages = sorted(KB_DIR.glob("*.md"))
+    sources = (KB_DIR.parent / "SOURCES.md").read_text().splitlines()
+    assert len(pages) >= 15
+    for page in pages:
+        text = page.read_text()
+        cited = next(line for line in text.splitlines() if line.startswith("source:"))
+        assert cited.split(":", 1)[1].strip(), page.name
+        listed = next(line for line in sources if line.startswith(f"- `{page.name}`"))
+        assert re.search(r"https://(www\.nhs\.uk|www\.cdc\.gov|www\.who\.int|988lifeline\.org)/",
+                         listed), page.name  # fmt: skip
+        assert not re.search(r"\d+\s*(mg|ml|mcg)\b", text), f"{page.name} gives a dose"
+
+
+def test_kb_search_finds_the_guidance_for_red_flags():
+    kb = KbSearch(KB_DIR)
+    assert kb.search("crushing chest pain and sweating", 1)[0].title == "Chest pain"
+    assert any(p.title.startswith("Stroke") for p in kb.search("face drooping slurred speech", 2))
+    top = kb.search("sore throat", 1)[0]
+    assert top.title == "Sore throat" and top.source == 'NHS, "Sore throat"'
+
+
+def test_kb_search_results_pass_the_phi_scrubber_unchanged():
+    """A changed tool result would cost the next model step its logged token ids."""
+    kb, p = KbSearch(KB_DIR), get_pack("medical")
+    for t in p.tasks("eval"):
+        out = asyncio.run(kb.run(KbSearchArgs(query=t.meta["symptom"])))
+        assert scrub_input(out) == out, t.meta["symptom"]
+
+
+def test_triage_cases_hold_out_whole_phrases_and_flag_emergencies():
+    train, held = split_phrases("train"), split_phrases("eval")
+    for level in SYMPTOMS:
+        assert set(train[level]).isdisjoint(held[level]) and len(held[level]) == 3
+    for split in ("train", "eval"):
+        for c in cases(split):
+            assert c.red_flag == (c.level == "emergency")
+    seen = {c.symptom for c in cases("train")}
+    assert not seen & {c.symptom for c in cases("eval")}
+
+
+def test_medical_pack_is_a_checked_reflexion_agent():
+    p = get_pack("medical")
+    (triage,) = p.agents
+    assert triage.kind == "reflexion" and triage.verifier.name == "triage_check"
+    assert [t.name for t in triage.tools] == ["kb_search"] and triage.input_filter is not None
+    t = next(t for t in p.tasks("eval") if t.reference == "emergency")
+    assert t.needs_tool == "kb_search" and t.meta["red_flag"] == "true"
+    assert p.verify(t, "Call emergency services now.\nTriage: emergency") == 1.0
+    assert p.verify(t, "Triage: urgent") == 0.0
+    assert len(p.tasks("train")) == 144 and len(p.tasks("eval")) == 48
