@@ -17,10 +17,10 @@ app = typer.Typer(
     "Configuration comes from ARLOOP_* environment variables (and a .env file); every "
     "command's --help lists the ones it reads.",
     no_args_is_help=True,
-    rich_markup_mode="rich",
+    rich_markup_mode="markdown",  # docstrings wrap as paragraphs
 )
-serve_app = typer.Typer(help="Run a serving process (agent API or policy server).")
-policy_app = typer.Typer(help="Inspect and move policy versions in the registry.")
+serve_app = typer.Typer(help="Run a serving process (agent API or policy server).", rich_markup_mode="markdown")
+policy_app = typer.Typer(help="Inspect and move policy versions in the registry.", rich_markup_mode="markdown")
 app.add_typer(serve_app, name="serve")
 app.add_typer(policy_app, name="policy")
 
@@ -119,14 +119,14 @@ def eval_gate(
 
 @app.command("demo")
 def demo(
-    rounds: int = typer.Option(3, "--rounds", min=1, help="Learning rounds (traffic, training, "
+    rounds: int = typer.Option(2, "--rounds", min=1, help="Learning rounds (traffic, training, "
                                "gate)."),  # fmt: skip
     users: int = typer.Option(8, "--users", min=1, help="Simulated students talking to the agent "
                               "API at once."),  # fmt: skip
-    episodes: int = typer.Option(48, "--episodes", min=2, help="Runs per round (students bring "
+    episodes: int = typer.Option(32, "--episodes", min=2, help="Runs per round (students bring "
                                  "each problem in groups of --group)."),  # fmt: skip
     group: int = typer.Option(4, "--group", min=1, help="Students per problem (a GRPO group)."),
-    eval_size: int = typer.Option(60, "--eval-size", min=1, help="Held-out problems the gate "
+    eval_size: int = typer.Option(40, "--eval-size", min=1, help="Held-out problems the gate "
                                   "evaluates every version on."),  # fmt: skip
     model: str = typer.Option("smollm2", "--model", help="Base model: smollm2 (bundled), tiny, "
                               "or a local Hugging Face folder."),  # fmt: skip
@@ -135,7 +135,7 @@ def demo(
                                     "folder goes."),  # fmt: skip
     data_dir: Path = typer.Option(None, "--data-dir", help="A fresh folder for Redis, the "
                                   "learner, checkpoints and logs (default .arloop/demo-<time>)."),
-    threads: int = typer.Option(1, "--threads", min=1, help="torch threads of the policy server "
+    threads: int = typer.Option(2, "--threads", min=1, help="torch threads of the policy server "
                                 "and of the learner."),  # fmt: skip
     tiny: bool = typer.Option(False, "--quick", "--tiny", help="The tiny model, one round, a few "
                               "runs: checks the whole path in well under a minute."),

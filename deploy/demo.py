@@ -8,14 +8,17 @@ policy server reloads it). The end: a table per version and `reports/demo-<time>
 JSON, Markdown and plots. Everything stops cleanly at the end, on an error, or on Ctrl-C.
 
 CPU: the three processes share the machine but are rarely busy at once (traffic, training and
-the gate take turns), so each gets one torch thread by default; prompts are short (a
-one-shot example, answers of at most `max_tokens`), and the gate evaluates each champion once.
+the gate take turns), so the policy server and the learner each get both cores by default;
+prompts are short (a one-shot example, answers of at most `max_tokens`), and the gate
+evaluates each champion once.
 """
 
 from __future__ import annotations
 
 import random
 import secrets
+import signal
+import threading
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -46,13 +49,13 @@ API_KEY = "demo-" + secrets.token_hex(8)
 class DemoOptions:
     """What `arloop demo --help` offers; the defaults fit 3 rounds in 10 minutes on 2 cores."""
 
-    rounds: int = 3
+    rounds: int = 2
     users: int = 8
     """Simulated users talking to the agent API at once."""
-    episodes: int = 48
+    episodes: int = 32
     """Runs (visits) per round; `group` users bring the same problem."""
     group: int = 4
-    eval_size: int = 60
+    eval_size: int = 40
     """Held-out problems the gate evaluates every version on."""
     model: str = "smollm2"
     seed: int = 0
@@ -62,8 +65,9 @@ class DemoOptions:
     temperature: float = 0.7
     """Sampling temperature of the served policy (exploration); the gate evaluates greedily."""
     max_tokens: int = 32
-    threads: int = 1
-    """torch threads of the policy server and of the learner."""
+    threads: int = 2
+    """torch threads of the policy server and of the learner: traffic, training and the gate
+    take turns, so each may use both cores while it works."""
     silence: float = 0.1
     noise: float = 0.05
     learning_rate: float = 3e-4
@@ -211,10 +215,16 @@ def print_report(report: Report, folder: Path, console: Console) -> None:
                   f"{report.seconds.get('total', 0):.0f} s in all")  # fmt: skip
 
 
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
 def main(opts: DemoOptions, *, tiny: bool = False) -> int:
     """Entry point of `arloop demo`: exit 0 done, 1 a process failed, 130 interrupted."""
     console = Console()
     opts = quick(opts) if tiny else opts
+    if threading.current_thread() is threading.main_thread():  # `kill` stops it like Ctrl-C
+        signal.signal(signal.SIGTERM, _interrupt)
     try:
         report, folder = run_demo(opts, console)
     except KeyboardInterrupt:

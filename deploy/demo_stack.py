@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -115,7 +116,17 @@ class Stack:
                                  f"{p.log}:\n{p.tail()}")  # fmt: skip
 
     def stop(self, grace_s: float = 20.0) -> None:
-        """Stop every process (newest first), then Redis; idempotent."""
+        """Stop every process (newest first), then Redis; idempotent. A second Ctrl-C while
+        this runs is ignored: interrupting it would leave the processes running."""
+        main_thread = threading.current_thread() is threading.main_thread()
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main_thread else None
+        try:
+            self._stop(grace_s)
+        finally:
+            if main_thread:
+                signal.signal(signal.SIGINT, previous)
+
+    def _stop(self, grace_s: float) -> None:
         for p in reversed(self.procs):
             if p.process.poll() is None:
                 _signal(p.process, signal.SIGTERM)

@@ -119,7 +119,8 @@ class SuiteRunner:
         return self._cache[version]
 
     async def _run_all(self, version: str, suites) -> tuple[SuiteRun, list[TrajectoryEvent]]:
-        client = aioredis.from_url(self.redis_url)
+        # generous timeouts: the gate shares a busy CPU with the model it is measuring
+        client = aioredis.from_url(self.redis_url, socket_connect_timeout=30, socket_timeout=60)
         try:
             runtimes = {p.name: self._runtime(client, p) for p, _ in suites}
             gate = asyncio.Semaphore(self.concurrency)

@@ -26,6 +26,18 @@ if TYPE_CHECKING:
     from deploy.eval_runner import GateRunner
 
 
+MAX_DIVERGENCE_SEQUENCES = 64
+"""KL and entropies are means over tokens: 64 model calls (~1000 tokens) measure them well, and
+each costs two full forward passes on the learner's CPU."""
+
+
+def spread(items: list, most: int) -> list:
+    """At most `most` items, evenly spaced over the list (every task kind stays represented)."""
+    if len(items) <= most:
+        return items
+    return [items[i * len(items) // most] for i in range(most)]
+
+
 def gather(
     gate: GateRunner, version: str, trajectories: list[TrajectoryEvent]
 ) -> tuple[GuardEvidence, OPEEstimate | None, dict[str, Any]]:
@@ -36,7 +48,7 @@ def gather(
     pad = tokenizer.pad_token_id
     sequences = [(s.prompt_token_ids, s.completion_token_ids) for t in trajectories
                  for s in t.model_steps if s.prompt_token_ids and s.completion_token_ids]  # fmt: skip
-    div = divergence(candidate, reference, sequences, pad)
+    div = divergence(candidate, reference, spread(sequences, MAX_DIVERGENCE_SEQUENCES), pad)
 
     def candidate_logprobs(seqs):
         return token_logprobs(candidate, seqs, pad)
