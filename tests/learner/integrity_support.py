@@ -53,7 +53,7 @@ from tests.learner.integrity_world import (
     verify,
 )
 
-BUDGET = TrainConfig(lr=6e-3, lora_rank=8, lora_alpha=16, kl_coef=0.02, micro_batch_size=16)
+BUDGET = TrainConfig(lr=1e-2, lora_rank=8, lora_alpha=16, kl_coef=0.02, micro_batch_size=16)
 EPOCHS, BATCH = 2, 32
 Feedback = Callable[[Task, TrajectoryEvent, int], list[FeedbackEvent]]
 
