@@ -95,7 +95,9 @@ class FeedbackIntake:
             raise FeedbackRejected(exc.status, exc.reason) from exc
         event = self._event(sub, claims)
         if self.scrub is not None and event.text:  # CPU-heavy (presidio): off the event loop
-            event = event.model_copy(update={"text": await asyncio.to_thread(self.scrub, event.text)})
+            event = event.model_copy(
+                update={"text": await asyncio.to_thread(self.scrub, event.text)}
+            )
         return await self._write(event, claims)
 
     def _event(self, sub: FeedbackSubmission, claims: TokenClaims) -> FeedbackEvent:
