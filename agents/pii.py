@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import json
 import re
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -176,3 +177,16 @@ class _NoContext(presidio.context_aware_enhancers.ContextAwareEnhancer):
 
     def enhance_using_context(self, text, raw_results, nlp_artifacts, recognizers, context=None):
         return raw_results
+
+
+_shared_lock = threading.Lock()
+_shared: list[PhiScrubber] = []
+
+
+def shared_scrubber() -> PhiScrubber:
+    """The process's one scrubber, built on first use (presidio takes a second or two): the
+    packs' input filter and the API's sink and memory use the same instance."""
+    with _shared_lock:  # runs get here from several threads at once: build it once
+        if not _shared:
+            _shared.append(PhiScrubber())
+    return _shared[0]

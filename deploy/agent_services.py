@@ -65,10 +65,10 @@ def phi_scrubber(settings: AgentApiSettings) -> Scrub | None:
     if not settings.scrub_phi:
         return None
     try:
-        from agents.pii import PhiScrubber
+        from agents.pii import shared_scrubber
     except ImportError as exc:
         raise RuntimeError(
             f"ARLOOP_SCRUB_PHI is on but the PHI scrubber cannot load ({exc}); install "
             "arloop[serve] (presidio-analyzer) or set ARLOOP_SCRUB_PHI=false"
         ) from exc
-    return PhiScrubber().scrub
+    return shared_scrubber().scrub

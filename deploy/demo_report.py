@@ -32,6 +32,7 @@ from agents.packs.base import Pack
 from learner.registry import BASE_VERSION, CHAMPION, PolicyRegistry, PolicyVersion
 from learner.rewards import mean_score, scored
 from learner.stats import paired_comparison, wilson
+from learner.training_evidence import answer_tokens
 
 
 @dataclass
@@ -109,14 +110,8 @@ def eval_outcomes(client: redis.Redis, pack: Pack) -> dict[str, dict[str, tuple[
         task = tasks.get(t.metadata.get("arloop.task", ""))
         if task is not None:
             solved = float(pack.verify(task, t.output)) >= 1.0
-            out[t.metadata["arloop.eval"]][task.id] = (solved, _answer_tokens(t))
+            out[t.metadata["arloop.eval"]][task.id] = (solved, answer_tokens(t))
     return out
-
-
-def _answer_tokens(t: TrajectoryEvent) -> int | None:
-    steps = t.model_steps
-    ids = steps[-1].completion_token_ids if steps else None
-    return len(ids) if ids else None
 
 
 def build_report(client: redis.Redis, pack: Pack) -> Report:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from learner.logprobs import TokenBatch, _accepts_logits_to_keep, make_batch
+from learner.logprobs import completion_log_softmax, make_batch, selected_logprobs
 
 Tokens = tuple[Sequence[int], Sequence[int]]  # (prompt ids, completion ids)
 
@@ -40,8 +40,8 @@ def divergence(
     for chunk in _chunks([s for s in sequences if len(s[0]) and len(s[1])], micro_batch):
         batch = make_batch([p for p, _ in chunk], [c for _, c in chunk], pad_id)
         with torch.no_grad():
-            lp_c = _completion_log_probs(candidate, batch)  # (N, V)
-            lp_r = _completion_log_probs(reference, batch)  # (N, V)
+            lp_c = completion_log_softmax(candidate, batch)  # (N, V)
+            lp_r = completion_log_softmax(reference, batch)  # (N, V)
         p_c = lp_c.exp()  # (N, V)
         sums[0] += float((p_c * (lp_c - lp_r)).sum())
         sums[1] += float(-(p_c * lp_c).sum())
@@ -61,25 +61,9 @@ def token_logprobs(
     for chunk in _chunks(list(sequences), micro_batch):
         batch = make_batch([p for p, _ in chunk], [c for _, c in chunk], pad_id)
         with torch.no_grad():
-            lp = _completion_log_probs(model, batch)  # (N, V)
-        targets = batch.input_ids[:, 1:][batch.completion_mask > 0]  # (N,)
-        picked = lp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (N,)
+            picked, _ = selected_logprobs(model, batch)  # (N,)
         out += list(picked.split([len(c) for _, c in chunk]))
     return out
-
-
-def _completion_log_probs(model: torch.nn.Module, batch: TokenBatch) -> torch.Tensor:
-    """(N, V) log-softmax at the N completion positions; the LM head runs only there."""
-    keep = batch.completion_mask > 0  # (B, T-1): position t predicts token t+1
-    if _accepts_logits_to_keep(model):
-        positions = torch.nn.functional.pad(keep, (0, 1))  # (B, T): the last predicts nothing
-        out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                    logits_to_keep=positions, use_cache=False)  # fmt: skip
-        logits = out.logits.float()  # (N, V)
-    else:
-        out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False)
-        logits = out.logits[:, :-1][keep].float()  # (N, V)
-    return torch.log_softmax(logits, dim=-1)
 
 
 def _chunks(items: list, size: int) -> list[list]:

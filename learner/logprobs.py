@@ -80,21 +80,14 @@ def completion_logprobs(
     return logp[0, start : start + len(completion_ids)]
 
 
-def selected_logprobs(
-    model: torch.nn.Module,
-    batch: TokenBatch,
-    *,
-    with_entropy: bool = False,
-    entropy_grad: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(logprobs, entropy), each (N,): only the N tokens where `completion_mask` is 1, row by row.
+def completion_log_softmax(model: torch.nn.Module, batch: TokenBatch) -> torch.Tensor:
+    """(N, V) log-softmax at the N positions where `completion_mask` is 1, row by row.
 
     The LM head (a 49k x 576 matrix for SmolLM2, a fifth of the forward) runs only on those
     positions, through transformers' boolean `logits_to_keep`: no logits for prompt, masked or
     padding tokens. Models without that argument fall back to full logits, then selection.
     """
     keep = batch.completion_mask > 0  # (B, T-1): position t predicts token t+1
-    targets = batch.input_ids[:, 1:][keep]  # (N,)
     if _accepts_logits_to_keep(model):
         # (B, T): the last position predicts nothing
         positions = torch.nn.functional.pad(keep, (0, 1))
@@ -108,8 +101,20 @@ def selected_logprobs(
     else:
         out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False)
         logits = out.logits[:, :-1, :][keep].float()  # (N, V)
-    # one fused kernel each way, where logsumexp + gather take several passes over (N, V)
-    log_probs = torch.log_softmax(logits, dim=-1)  # (N, V)
+    # one fused kernel, where logsumexp + gather take several passes over (N, V)
+    return torch.log_softmax(logits, dim=-1)
+
+
+def selected_logprobs(
+    model: torch.nn.Module,
+    batch: TokenBatch,
+    *,
+    with_entropy: bool = False,
+    entropy_grad: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(logprobs, entropy), each (N,): only the N tokens where `completion_mask` is 1, row by row."""
+    targets = batch.input_ids[:, 1:][batch.completion_mask > 0]  # (N,)
+    log_probs = completion_log_softmax(model, batch)  # (N, V)
     logp = log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (N,)
     entropy = None
     if with_entropy:

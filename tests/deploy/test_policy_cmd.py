@@ -6,8 +6,9 @@ from typer.testing import CliRunner
 from deploy.cli import app
 from deploy.embedded_redis import free_port
 from learner.eval_gate import GateReport
-from learner.registry import CANDIDATE, CHAMPION, PolicyRegistry, VersionStatus
+from learner.registry import CANDIDATE, CHAMPION, VersionStatus
 from learner.release import apply_verdict
+from tests.learner.learner_fixtures import base_registry
 from tests.learner.release_support import add_version
 
 runner = CliRunner()
@@ -15,9 +16,7 @@ runner = CliRunner()
 
 @pytest.fixture
 def registry(redis_client):
-    r = PolicyRegistry(redis_client)
-    r.ensure_base("tiny")
-    return r
+    return base_registry(redis_client)
 
 
 @pytest.fixture

@@ -16,26 +16,11 @@ from learner.canary import (
     check,
 )
 from learner.eval_gate import GateReport
-from learner.registry import CANDIDATE, CHAMPION, PolicyRegistry, VersionStatus
+from learner.registry import CANDIDATE, CHAMPION, VersionStatus
 from learner.release import apply_verdict
-from tests.learner.learner_fixtures import open_store
 from tests.learner.release_support import add_version, log_arm
 
 CONFIG = CanaryConfig(min_per_arm=30, margin=0.1)
-
-
-@pytest.fixture
-def store(tmp_path):
-    s = open_store(tmp_path)
-    yield s
-    s.close()
-
-
-@pytest.fixture
-def registry(redis_client):
-    r = PolicyRegistry(redis_client)
-    r.ensure_base("tiny")
-    return r
 
 
 def _canary(registry, tmp_path) -> str:

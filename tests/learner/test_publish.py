@@ -26,18 +26,6 @@ from tests.learner.learner_fixtures import (  # noqa: F401 - model_cache is a fi
 pytestmark = pytest.mark.usefixtures("model_cache")
 
 
-@pytest.fixture
-def store(tmp_path):
-    s = open_store(tmp_path)
-    yield s
-    s.close()
-
-
-@pytest.fixture
-def registry(redis_client):
-    return base_registry(redis_client)
-
-
 def _save_files(folder: Path) -> None:
     (folder / "adapter_model.safetensors").write_bytes(b"weights")
 

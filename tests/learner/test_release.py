@@ -7,7 +7,7 @@ import pytest
 from agents.events import PolicyAliasMoved, PolicyRejected, PolicyRolledBack
 from learner.eval_gate import GateReport
 from learner.publish import register, write_checkpoint
-from learner.registry import CANDIDATE, CHAMPION, PolicyRegistry, VersionStatus
+from learner.registry import CANDIDATE, CHAMPION, VersionStatus
 from learner.release import (
     ReleaseError,
     apply_verdict,
@@ -19,13 +19,6 @@ from learner.release import (
 from learner.store import CommittedVersion
 from tests.learner.learner_fixtures import open_store
 from tests.learner.release_support import add_version
-
-
-@pytest.fixture
-def registry(redis_client):
-    r = PolicyRegistry(redis_client)
-    r.ensure_base("tiny")
-    return r
 
 
 def _report(version: str, verdict: str, failed=()) -> GateReport:

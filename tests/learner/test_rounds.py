@@ -29,18 +29,6 @@ from tests.learner.learner_fixtures import (  # noqa: F401 - model_cache is a fi
 pytestmark = pytest.mark.usefixtures("model_cache")
 
 
-@pytest.fixture
-def store(tmp_path):
-    s = open_store(tmp_path)
-    yield s
-    s.close()
-
-
-@pytest.fixture
-def registry(redis_client):
-    return base_registry(redis_client)
-
-
 PROMPT = "What is 12 plus 30?"
 GOOD, BAD = "The answer is 42.", "sorry no"
 
