@@ -27,6 +27,8 @@ class PolicyConfig:
     """Name the version arm in the model string: `<model>@champion`, `<model>@candidate`."""
     temperature: float | None = None
     max_tokens: int | None = None
+    seed: int | None = None
+    """Sampling seed sent with every call (reproducible sampled runs in tests and benchmarks)."""
 
 
 class PolicyError(RuntimeError):
@@ -88,6 +90,8 @@ class PolicyClient:
             kwargs["temperature"] = cfg.temperature
         if cfg.max_tokens is not None:
             kwargs["max_tokens"] = cfg.max_tokens
+        if cfg.seed is not None:
+            kwargs["seed"] = cfg.seed
         try:
             return await litellm.acompletion(
                 model=model, messages=messages, api_base=cfg.api_base, api_key=cfg.api_key,

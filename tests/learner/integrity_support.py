@@ -88,12 +88,15 @@ def bank_world(redis_url: str, folder: Path, runs_per_task: int = 4) -> Iterator
 
 
 async def _log_traffic(redis_url: str, policy: PolicyConfig, k: int):
+    """Each run sampled with its own seed, so the logged traffic (and what a round can learn
+    from it) is the same every time the module runs."""
     client = aioredis.from_url(redis_url)
-    runtime = AgentRuntime([teller()], policy=PolicyClient(policy), threads=Threads(client),
-                           sink=TrajectorySink(client))  # fmt: skip
+    threads, sink = Threads(client), TrajectorySink(client)
     gate = asyncio.Semaphore(8)
 
     async def one(task: Task, n: int):
+        runtime = AgentRuntime([teller()], policy=PolicyClient(replace(policy, seed=n)),
+                               threads=threads, sink=sink)  # fmt: skip
         async with gate:
             return task, await runtime.run(task.agent, task.input, f"user-{n}")
 
