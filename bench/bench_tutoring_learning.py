@@ -310,7 +310,7 @@ def _options(a: argparse.Namespace, work: Path) -> demo.DemoOptions:
     opts = demo.quick(opts) if a.model == "tiny" else opts  # the tiny model's completion cap
     # a round's training and gate can take well over the demo's 15 minutes on a busy machine
     return replace(opts, episodes=a.episodes, group=a.group, eval_size=a.eval_size,
-                   phase_timeout_s=3600.0)  # fmt: skip
+                   phase_timeout_s=3600.0, closing_visit=False)  # fmt: skip
 
 
 def main() -> None:

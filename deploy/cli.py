@@ -137,6 +137,10 @@ def demo(
                                   "learner, checkpoints and logs (default .arloop/demo-<time>)."),
     threads: int = typer.Option(2, "--threads", min=1, help="torch threads of the policy server "
                                 "and of the learner."),  # fmt: skip
+    closing_visit: bool = typer.Option(True, "--closing-visit/--no-closing-visit", help="After "
+                                       "the last round, stop the learner and let the students "
+                                       "visit the final champion once more (its thumbs-up "
+                                       "rate)."),  # fmt: skip
     tiny: bool = typer.Option(False, "--quick", "--tiny", help="The tiny model, one round, a few "
                               "runs: checks the whole path in well under a minute."),
 ) -> None:
@@ -147,5 +151,6 @@ def demo(
 
     opts = DemoOptions(rounds=rounds, users=users, episodes=episodes, group=group,
                        eval_size=eval_size, model=model, seed=seed, report_dir=report_dir,
-                       data_dir=data_dir, threads=threads)  # fmt: skip
+                       data_dir=data_dir, threads=threads,
+                       closing_visit=closing_visit)  # fmt: skip
     raise typer.Exit(main(opts, tiny=tiny))

@@ -4,8 +4,9 @@ Starts Redis, the policy server, the agent API and the learner as real processes
 each round: simulated students bring maths problems to the tutoring agent over HTTP and rate
 the answers; the learner turns that feedback into a LoRA update, publishes a READY version,
 and its eval gate compares it with the champion on held-out problems (pass: champion, and the
-policy server reloads it). The end: a table per version and `reports/demo-<time>/` with
-JSON, Markdown and plots. Everything stops cleanly at the end, on an error, or on Ctrl-C.
+policy server reloads it). After the last round the learner stops and the students visit the
+final champion once more (a closing visit: its thumbs-up rate, nothing learned from it). The
+end: a table per version and `reports/demo-<time>/` with JSON, Markdown and plots. Everything stops cleanly at the end, on an error, or on Ctrl-C.
 
 CPU: the three processes share the machine but are rarely busy at once (traffic, training and
 the gate take turns), so the policy server and the learner each get both cores by default;
@@ -47,7 +48,7 @@ API_KEY = "demo-" + secrets.token_hex(8)
 
 @dataclass(frozen=True)
 class DemoOptions:
-    """What `arloop demo --help` offers; the defaults fit 3 rounds in 10 minutes on 2 cores."""
+    """What `arloop demo --help` offers; the defaults take about 6 minutes on 2 cores."""
 
     rounds: int = 2
     users: int = 8
@@ -70,7 +71,10 @@ class DemoOptions:
     take turns, so each may use both cores while it works."""
     silence: float = 0.1
     noise: float = 0.05
-    learning_rate: float = 3e-4
+    closing_visit: bool = True
+    """After the last round, the learner stops and one more round of students visits the
+    final champion: its thumbs-up rate is measured on the same traffic as the others'."""
+    learning_rate: float = 2e-4
     kl_coef: float = 0.04
     phase_timeout_s: float = 900.0
 
@@ -148,6 +152,8 @@ def run_demo(opts: DemoOptions, console: Console) -> tuple[Report, Path]:
         timed(seconds, "start", stack.wait_ready, opts.phase_timeout_s)
         for r in range(1, opts.rounds + 1):
             records.append(_round(r, opts, stack, registry, pack, seconds, console))
+        if opts.closing_visit:
+            records.append(_closing_visit(opts, stack, registry, pack, seconds, console))
         report = build_report(client, pack)
     finally:
         with console.status("stopping the stack ..."):
@@ -171,15 +177,8 @@ def _round(
     console: Console,
 ) -> RoundRecord:
     """Traffic, then the learner's round and gate; the next round starts on the new champion."""
-    champion = registry.resolve("champion")
-    tasks = round_tasks(pack.tasks("train"), opts.episodes // opts.group, opts.group,
-                        random.Random(f"{opts.seed}/{r}"))  # fmt: skip
-    behaviour = Behaviour(noise=opts.noise, delay_s=(0.0, 1.0))
     before = max(int(v.version[1:]) for v in registry.versions())
-    rec = RoundRecord(r, champion, [])
-    rec.visits = timed(rec.seconds, "traffic", traffic, stack, API_KEY, pack, tasks, behaviour,
-                       users=opts.users, quiet=_quiet(opts), seed=opts.seed * 1000 + r,
-                       console=console, label=f"round {r}: students on {champion}")  # fmt: skip
+    rec = _students(r, opts, stack, registry, pack, console, f"round {r}")
     version, report = timed(rec.seconds, "learn+gate", wait_for_verdict, stack, registry, before,
                             opts.phase_timeout_s, console, f"round {r}")  # fmt: skip
     rec.version, rec.verdict, rec.reason = version, report["verdict"], report.get("reason", "")
@@ -188,6 +187,42 @@ def _round(
         timed(rec.seconds, "reload", wait_for_serving, stack, version, 120.0, console)
     for k, v in rec.seconds.items():
         seconds[k] = seconds.get(k, 0.0) + v
+    return rec
+
+
+def _closing_visit(
+    opts: DemoOptions,
+    stack: Stack,
+    registry: PolicyRegistry,
+    pack: Pack,
+    seconds: dict[str, float],
+    console: Console,
+) -> RoundRecord:
+    """Students on the final champion, nothing learned from them (their feedback stays in Redis)."""
+    stack.stop_process("learn")  # idle between rounds: stopping it here loses nothing
+    rec = _students(opts.rounds + 1, opts, stack, registry, pack, console, "closing visit")
+    seconds["closing visit"] = rec.seconds["traffic"]
+    return rec
+
+
+def _students(
+    r: int,
+    opts: DemoOptions,
+    stack: Stack,
+    registry: PolicyRegistry,
+    pack: Pack,
+    console: Console,
+    label: str,
+) -> RoundRecord:
+    """Round `r`'s simulated students on the current champion."""
+    champion = registry.resolve("champion")
+    tasks = round_tasks(pack.tasks("train"), opts.episodes // opts.group, opts.group,
+                        random.Random(f"{opts.seed}/{r}"))  # fmt: skip
+    rec = RoundRecord(r, champion, [])
+    rec.visits = timed(rec.seconds, "traffic", traffic, stack, API_KEY, pack, tasks,
+                       Behaviour(noise=opts.noise, delay_s=(0.0, 1.0)), users=opts.users,
+                       quiet=_quiet(opts), seed=opts.seed * 1000 + r, console=console,
+                       label=f"{label}: students on {champion}")  # fmt: skip
     return rec
 
 

@@ -39,8 +39,21 @@ class RoundRecord:
 
 
 def round_tasks(train: list[Task], problems: int, group: int, rng: random.Random) -> list[Task]:
-    """`problems` training tasks, each brought by `group` users (the learner's prompt groups)."""
-    return [t for t in rng.sample(train, problems) for _ in range(group)]
+    """`problems` training tasks, each brought by `group` users (the learner's prompt groups).
+
+    The problems are spread evenly over the kinds (`meta["kind"]`: add, sub, ...): with a
+    handful of groups a round, a draw that happens to be mostly one kind teaches that kind's
+    operator everywhere (the tutor then writes `-` for products too).
+    """
+    kinds: dict[str, list[Task]] = {}
+    for t in train:
+        kinds.setdefault(t.meta.get("kind", ""), []).append(t)
+    names = sorted(kinds)
+    rng.shuffle(names)
+    share = [names[i % len(names)] for i in range(problems)]
+    chosen = [t for name in names for t in rng.sample(kinds[name], share.count(name))]
+    rng.shuffle(chosen)
+    return [t for t in chosen for _ in range(group)]
 
 
 def traffic(

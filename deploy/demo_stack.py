@@ -126,21 +126,32 @@ class Stack:
             if main_thread:
                 signal.signal(signal.SIGINT, previous)
 
+    def stop_process(self, name: str, grace_s: float = 20.0) -> None:
+        """Stop one process (SIGTERM, SIGKILL after `grace_s`); the others keep running."""
+        mine = [p for p in self.procs if p.name == name]
+        _terminate(mine, grace_s)
+        self.procs = [p for p in self.procs if p.name != name]
+
     def _stop(self, grace_s: float) -> None:
-        for p in reversed(self.procs):
-            if p.process.poll() is None:
-                _signal(p.process, signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
-        for p in reversed(self.procs):
-            try:
-                p.process.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                _signal(p.process, signal.SIGKILL)
-                p.process.wait()
+        _terminate(list(reversed(self.procs)), grace_s)
         self.procs = []
         if self.redis is not None:
             self.redis.stop()
             self.redis = None
+
+
+def _terminate(procs: list[Proc], grace_s: float) -> None:
+    """SIGTERM to each, then wait for all, with SIGKILL for any still alive after `grace_s`."""
+    for p in procs:
+        if p.process.poll() is None:
+            _signal(p.process, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for p in procs:
+        try:
+            p.process.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            _signal(p.process, signal.SIGKILL)
+            p.process.wait()
 
 
 def _signal(process: subprocess.Popen, sig: int) -> None:

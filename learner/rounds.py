@@ -174,7 +174,8 @@ def _train(
             dpo.append(trainer.dpo_step(chunk))
     metrics = _mean_metrics(pg)
     metrics.update({f"dpo/{k}": v for k, v in _mean_metrics(dpo).items()})
-    metrics.update(skipped_steps=float(data.skipped_steps), updates=float(len(pg) + len(dpo)))
+    metrics.update(skipped_steps=float(data.skipped_steps), updates=float(len(pg) + len(dpo)),
+                   skipped_corrections=float(data.skipped_corrections))  # fmt: skip
     return {k: v for k, v in metrics.items() if math.isfinite(v)}  # NaN: undefined this round
 
 

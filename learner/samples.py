@@ -5,6 +5,8 @@ counted, never re-tokenised: a re-tokenisation need not match what the policy sa
 A sample's advantage compares its reward with samples of other episodes of the same prompt
 group (GRPO, when the group holds two or more episodes: `metadata["group"]`, else identical
 first prompt ids), else with the rest of the batch (RLOO) or a running mean across rounds.
+A correction of an answer the model wrote from a tool's output is not made a pair (counted;
+see `preference_pair`).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ class TrainingData:
     pairs: list[PreferencePair] = field(default_factory=list)
     used: list[int] = field(default_factory=list)  # indices of episodes with a sample or pair
     skipped_steps: int = 0  # rewarded model steps without logged token ids
+    skipped_corrections: int = 0  # corrections of an answer read off a tool's output
     baseline: RunningBaseline = field(default_factory=RunningBaseline)
 
 
@@ -91,10 +94,8 @@ def sample_advantages(
     return adv.tolist(), state
 
 
-def preference_pair(
-    episode: Episode, encode: Callable[[str], list[int]], eos_id: int
-) -> PreferencePair | None:
-    """The episode's latest correction as a pair: the logged completion loses to the user's text."""
+def corrected_step(episode: Episode) -> tuple[str, ModelStep] | None:
+    """(text, model step) of the episode's latest correction: the named turn, else the last."""
     corrections = [f for f in episode.feedback if f.kind is FeedbackKind.CORRECTION]
     if not corrections:
         return None
@@ -102,10 +103,28 @@ def preference_pair(
     steps = [s for s in episode.trajectory.model_steps if _has_ids(s)]
     if latest.turn is not None:
         steps = [s for s in steps if s.index == latest.turn]
-    if not steps:
+    return (latest.text or "", steps[-1]) if steps else None
+
+
+def reads_tool_output(trajectory: TrajectoryEvent, step: ModelStep) -> bool:
+    """Whether a tool's output was in the step's prompt (a tool step came before it)."""
+    return any(t.index < step.index for t in trajectory.tool_steps)
+
+
+def preference_pair(
+    episode: Episode, encode: Callable[[str], list[int]], eos_id: int
+) -> PreferencePair | None:
+    """The episode's latest correction as a pair: the logged completion loses to the user's text.
+
+    None when the corrected answer was written after a tool's output: the user's text would be
+    preferred *given that output*, teaching the model to contradict its tools, while the
+    mistake was upstream (the call). Such a run still learns from its thumbs and ratings.
+    """
+    found = corrected_step(episode)
+    if found is None or reads_tool_output(episode.trajectory, found[1]):
         return None
-    step = steps[-1]  # the named turn, or the last (final-answer) model step
-    chosen = encode(latest.text or "") + [eos_id]
+    text, step = found
+    chosen = encode(text) + [eos_id]
     if chosen == step.completion_token_ids:
         return None  # the user "corrected" it to what it already said
     return PreferencePair(list(step.prompt_token_ids), chosen, list(step.completion_token_ids))
@@ -136,6 +155,8 @@ def build_training_data(
         if pair is not None:
             data.pairs.append(pair)
             data.used.append(e)
+        elif (found := corrected_step(episode)) and reads_tool_output(episode.trajectory, found[1]):
+            data.skipped_corrections += 1
     if rows:
         values = [r for _, _, r in rows]
         values = normalise(values) if normalise_rewards else values

@@ -37,12 +37,12 @@ HINTS = (
 )
 # Free of names, so the PHI scrubber leaves it (and the token ids logged with it) unchanged.
 EXAMPLE = (
-    {"role": "user", "content": "A farmer has 12 apples and buys 30 more. How many apples "
-                                "does the farmer have now?"},
+    {"role": "user", "content": "A farmer has 42 apples and sells 12 of them. How many apples "
+                                "does the farmer have left?"},
     {"role": "assistant", "tool_calls": [{"id": "call_example", "type": "function", "function": {
-        "name": "calculator", "arguments": '{"expression": "12+30"}'}}]},
-    {"role": "tool", "tool_call_id": "call_example", "content": "42"},
-    {"role": "assistant", "content": "The answer is 42.\n#### 42"},
+        "name": "calculator", "arguments": '{"expression": "42-12"}'}}]},
+    {"role": "tool", "tool_call_id": "call_example", "content": "30"},
+    {"role": "assistant", "content": "The answer is 30.\n#### 30"},
 )  # fmt: skip
 
 

@@ -102,8 +102,8 @@ def test_tutor_prompt_is_the_worked_example_in_the_line_format():
     turns = re.findall(r"<\|im_start\|>(\w+)\n(.*?)<\|im_end\|>", text, re.DOTALL)
     assert [role for role, _ in turns] == ["system", "user", "assistant", "tool", "assistant", "user"]
     assert turns[0][1].endswith("CALL calculator: <expression>\nThe result will be shown to you.")
-    assert turns[2][1] == "CALL calculator: 12+30" and turns[3][1] == "42"
-    assert turns[4][1].endswith("#### 42")
+    assert turns[2][1] == "CALL calculator: 42-12" and turns[3][1] == "30"
+    assert turns[4][1].endswith("#### 30")
 
 
 def test_hint_mode_guides_instead_of_telling():

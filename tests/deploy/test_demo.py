@@ -6,6 +6,7 @@ After the demo has stopped its stack, its Redis is started again on the demo's d
 
 import io
 import json
+import random
 from collections import Counter
 
 import pytest
@@ -16,6 +17,7 @@ from agents.events import STREAM_EVAL_TRAJECTORIES, STREAM_FEEDBACK, STREAM_TRAJ
 from agents.packs.tutoring import tutoring_pack
 from deploy.demo import DemoOptions, main, quick, run_demo
 from deploy.demo_report import headline
+from deploy.demo_rounds import round_tasks
 from deploy.embedded_redis import start_redis
 from learner.registry import CHAMPION, PolicyRegistry
 
@@ -45,6 +47,9 @@ def test_the_report_is_written_with_its_plots(demo):
     saved = json.loads((folder / "report.json").read_text())
     assert [v["version"] for v in saved["versions"]] == ["v0", "v1"]
     assert saved["rounds"][0]["served_by"] == "v0" and saved["rounds"][0]["runs"] == 8
+    closing = saved["rounds"][-1]  # the students' closing visit on the final champion
+    assert len(saved["rounds"]) == 2 and closing["served_by"] == saved["champion"]
+    assert closing["runs"] == 8 and closing["version"] is None and "closing visit" in said
     markdown = (folder / "report.md").read_text()
     assert "| v1 " in markdown and headline(report) in markdown
     assert "round 1" in said  # progress was shown
@@ -90,3 +95,24 @@ def test_a_used_data_directory_is_refused(tmp_path, capsys):
     opts = DemoOptions(report_dir=tmp_path / "reports", data_dir=tmp_path / "data")
     assert main(opts, tiny=True) == 1
     assert "not empty" in capsys.readouterr().out
+
+
+def test_the_closing_visit_is_logged_but_not_learned_from(demo):
+    _, folder, client, _ = demo
+    closing = json.loads((folder / "report.json").read_text())["rounds"][-1]
+    users = f"r{3 * 1000 + closing['round']}-"  # the demo's traffic prefix for that round
+    runs = [t for t in events(client, STREAM_TRAJECTORIES) if t.user_id.startswith(users)]
+    assert len(runs) == closing["runs"] == 8
+    assert {t.policy_version for t in runs} == {closing["served_by"]}
+    rated = {f.trajectory_id for f in events(client, STREAM_FEEDBACK)}
+    assert rated & {t.trajectory_id for t in runs}  # its feedback is in Redis, for later
+    assert {v.version for v in PolicyRegistry(client).versions()} == {"v0", "v1"}  # not trained
+
+
+def test_a_round_spreads_its_problems_over_the_kinds_in_groups():
+    tasks = round_tasks(tutoring_pack().tasks("train"), 10, 4, random.Random(5))
+    problems = [tasks[i] for i in range(0, len(tasks), 4)]
+    assert len(tasks) == 40 and all(tasks[i].id == tasks[i - i % 4].id for i in range(40))
+    counts = Counter(t.meta["kind"] for t in problems)
+    assert set(counts) == {"add", "sub", "mul", "div"} and set(counts.values()) == {2, 3}
+    assert len({t.id for t in problems}) == 10

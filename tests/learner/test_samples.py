@@ -70,6 +70,19 @@ def test_a_correction_becomes_a_preference_pair():
     assert pair.rejected_ids == completion_ids("The answer is 41.")
 
 
+def test_a_correction_of_an_answer_read_off_a_tool_is_not_a_pair():
+    # the calculator said 42 and the model said so: a pair "42 loses to 41" would teach it to
+    # contradict its tool; the run still learns from its thumbs-down
+    t = trajectory(tool_turn=True, answer="The answer is 42.")
+    data = _build([_ep(t, feedback(t.event_id, "correction", None, text="The answer is 41."),
+                       feedback(t.event_id, "thumbs", -1))])  # fmt: skip
+    assert data.pairs == [] and data.skipped_corrections == 1
+    assert len(data.samples) == 2 and data.used == [0]
+    first = _ep(t, feedback(t.event_id, "correction", None, text="CALL calculator: 12-30", turn=0))
+    [pair] = _build([first]).pairs  # naming the call turn (before any tool output) is a pair
+    assert pair.rejected_ids == completion_ids("<tool_call>")
+
+
 def test_grpo_inside_a_group_rloo_outside():
     # samples 0, 1: one group of two episodes; 2, 3, 4: single prompts
     adv, _ = sample_advantages([1.0, -1.0, 1.0, 0.0, -1.0], ["g", "g", "a", "b", "c"],
