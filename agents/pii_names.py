@@ -87,7 +87,8 @@ class NameRecognizer(LocalRecognizer):
         """Runs of capitalised words with no cue: names when the name lists vouch for them."""
         out = []
         for run in _capitalised_runs(text, tokens):
-            opening = _opening_name(run[0], lex) or _pair(run, lex) or _coordinated(text, run, lex)
+            opening = (_opening_name(run[0], lex) or _pair(run, lex)
+                       or _coordinated(text, run, lex) or _subject(text, run, lex))  # fmt: skip
             if _sentence_start(text, run[0].start) and not opening:
                 run = run[1:]  # "Tell Priya", "Yesterday Kwame Mensah"
             run = [t for t in run if norm(t.text) not in NOT_NAMES]
@@ -210,6 +211,18 @@ def _coordinated(text: str, run: list[_Token], lex: Lexicon) -> bool:
     follower = re.match(r"\s+(?:and|&)\s+([A-Z][\w'’-]+)", text[run[-1].end :])
     return (len(run) == 1 and _solo_name(run[0], lex) and follower is not None
             and lex.is_name(follower.group(1)))  # fmt: skip
+
+
+_PERSON_VERB = re.compile(
+    r"\s+(?:has|had|is|was|buys|bought|gives|gave|shares|shared|says|said|wants|wanted|needs|"
+    r"needed|takes|took|makes|made|gets|got|goes|went|feels|felt|lives|lived|works|worked)\b"
+)
+
+
+def _subject(text: str, run: list[_Token], lex: Lexicon) -> bool:
+    """`Sam has 40 shells`: a listed first name (no everyday word) as the subject of a verb."""
+    return (len(run) == 1 and lex.is_first(run[0].text) and not lex.is_everyday(run[0].text)
+            and _PERSON_VERB.match(text, run[0].end) is not None)  # fmt: skip
 
 
 def _eponym(text: str, token: _Token, lex: Lexicon) -> bool:

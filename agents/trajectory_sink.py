@@ -9,6 +9,8 @@ token ids and logprobs: no raw PHI reaches Redis, not even as token ids.
 from __future__ import annotations
 
 import asyncio
+import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -26,7 +28,7 @@ class TrajectorySink:
         self, client: aioredis.Redis, scrub: Scrub | None = None, stream: str = STREAM_TRAJECTORIES
     ) -> None:
         self.client = client
-        self.scrub = scrub
+        self.scrub = CleanTexts(scrub) if scrub is not None else None
         self.stream = stream  # eval runs go to STREAM_EVAL_TRAJECTORIES: the learner never reads it
 
     async def write(self, event: TrajectoryEvent) -> str:
@@ -35,6 +37,33 @@ class TrajectorySink:
             event = await asyncio.to_thread(scrub_trajectory, event, self.scrub)
         entry_id = await self.client.xadd(self.stream, encode(event))
         return entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+
+
+class CleanTexts:
+    """A scrubber that remembers the last `size` texts it found nothing in, and skips them.
+
+    Every run repeats the system prompt and the worked example; scrubbing them once per
+    process is enough. Only texts that came back unchanged are kept, so the memory never
+    holds an identifier.
+    """
+
+    def __init__(self, scrub: Scrub, size: int = 1024) -> None:
+        self._scrub, self._size = scrub, size
+        self._clean: OrderedDict[str, None] = OrderedDict()
+        self._lock = threading.Lock()  # sinks scrub in worker threads
+
+    def __call__(self, text: str) -> str:
+        with self._lock:
+            if text in self._clean:
+                self._clean.move_to_end(text)
+                return text
+        out = self._scrub(text)
+        if out == text:
+            with self._lock:
+                self._clean[text] = None
+                if len(self._clean) > self._size:
+                    self._clean.popitem(last=False)
+        return out
 
 
 def scrub_trajectory(event: TrajectoryEvent, scrub: Scrub) -> TrajectoryEvent:

@@ -9,9 +9,10 @@ over HTTP (Redis, policy server, agent API, learner: the real processes); each v
 reward evaluation. The learner turns their feedback into one LoRA round (v1) and its gate runs
 v0 and v1 through the real agent graph, greedily, on the held-out problems. Students are noisy
 (5% of judgements flipped), 10% stay silent (those runs are not trained on), and some send a
-correction (a DPO pair): their signal is richer in kind but poorer in count than TRL's. The
-learner trains on every model call of a rated run (the answer turn after the tool too), one
-optimiser update per 8 of them.
+correction (a DPO pair): their signal is richer in kind but poorer in count than TRL's. As in
+the demo, the learner trains the turn before the calculator's output (the call line) with each
+rated run's reward (`ARLOOP_TRAIN_AFTER_TOOL=false`), one optimiser update per 8 of them, all
+sampled from v0 before the round; TRL samples each step's 8 from its current policy.
 
 TRL: `GRPOTrainer` on prompts rendered exactly as the tutor's first model call (system prompt,
 the line tool format's block, the worked example, the scrubbed question: `render_prompt` with

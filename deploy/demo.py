@@ -6,7 +6,8 @@ the answers; the learner turns that feedback into a LoRA update, publishes a REA
 and its eval gate compares it with the champion on held-out problems (pass: champion, and the
 policy server reloads it). After the last round the learner stops and the students visit the
 final champion once more (a closing visit: its thumbs-up rate, nothing learned from it). The
-end: a table per version and `reports/demo-<time>/` with JSON, Markdown and plots. Everything stops cleanly at the end, on an error, or on Ctrl-C.
+end: a table per version and `reports/demo-<time>/` with JSON, Markdown and plots.
+Everything stops cleanly at the end, on an error, or on Ctrl-C.
 
 CPU: the three processes share the machine but are rarely busy at once (traffic, training and
 the gate take turns), so the policy server and the learner each get both cores by default;
@@ -119,6 +120,7 @@ def stack_env(opts: DemoOptions, policy_url: str) -> dict[str, dict[str, str]]:
             "ARLOOP_POLICY_API_BASE": policy_url, "ARLOOP_EVAL_MAX_TOKENS": str(opts.max_tokens),
             "ARLOOP_EVAL_CONCURRENCY": str(max(opts.users, 1)), "ARLOOP_CANARY": "false",
             "ARLOOP_OPE_MAX_RUNS": "64",
+            "ARLOOP_TRAIN_AFTER_TOOL": "false",  # the tutor's answer turn copies the calculator
         },
     }  # fmt: skip
 

@@ -51,6 +51,7 @@ def round_config(s: LearnerSettings) -> RoundConfig:
         normalise_rewards=s.normalise_rewards, max_episodes=s.max_episodes_per_round,
         epochs=s.epochs, batch_size=s.micro_batch_size * s.grad_accum_steps, actor=s.consumer,
         promote=not s.eval_packs,  # with an eval gate, the release flow moves the aliases
+        train_after_tool=s.train_after_tool,
     )  # fmt: skip
 
 

@@ -127,6 +127,10 @@ class LearnerSettings(CommonSettings):
     """How long a trajectory waits for feedback before it is judged on what it has."""
     silence_reward: float | None = None
     """Reward for a trajectory that got no feedback at all; None leaves it out of training."""
+    train_after_tool: bool = True
+    """Train model turns written after a tool's output with whole-run feedback. False: only
+    turns before the first tool output learn from it (feedback naming a turn still trains that
+    turn), for agents whose last turn reads the tool's result back."""
     min_episodes: int = 32
     """Start a round when this many trainable episodes are waiting."""
     round_interval_s: float = 600.0

@@ -20,7 +20,7 @@ The rule, in order:
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
 
 from agents.events import FeedbackEvent, FeedbackKind
@@ -128,6 +128,11 @@ def batch_rewards(
         ep = [replace(i, score=i.score * scales[i.sender]) if i.capped else i for i in ep]
         out.append(episode_reward(ep, turns))
     return out
+
+
+def keep_turns(reward: EpisodeReward, turns: Collection[int]) -> EpisodeReward:
+    """The reward with only `turns` left to train (the trajectory's scalar unchanged)."""
+    return replace(reward, turns={t: r for t, r in reward.turns.items() if t in turns})
 
 
 def normalise(values: Sequence[float], eps: float = 1e-6) -> list[float]:

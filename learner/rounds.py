@@ -18,7 +18,7 @@ from learner.episodes import Episode, settle, trainable_episodes
 from learner.models import checkpoint_path, load_base, load_checkpoint
 from learner.publish import Published, publish_version
 from learner.registry import CHAMPION, PolicyRegistry, PolicyVersion
-from learner.rewards import batch_rewards
+from learner.rewards import batch_rewards, keep_turns
 from learner.samples import Baseline, TrainingData, build_training_data, version_number
 from learner.store import Store
 from learner.train_step import PolicyTrainer, TrainConfig
@@ -46,6 +46,7 @@ class RoundConfig:
     batch_size: int = 8  # samples (or pairs) per optimiser update
     actor: str = "learner"
     promote: bool = True  # False: publish READY and leave the aliases to the eval gate
+    train_after_tool: bool = True  # False: whole-run feedback trains only turns before tools
 
 
 @dataclass(frozen=True)
@@ -146,6 +147,8 @@ def _training_data(
         config.max_user_reward_share,
         config.silence_reward,
     )
+    if not config.train_after_tool:
+        rewards = [keep_turns(r, credited_turns(e)) for r, e in zip(rewards, episodes, strict=True)]
     return build_training_data(
         episodes, rewards,
         encode=lambda text: tokenizer(text, add_special_tokens=False)["input_ids"],
@@ -153,6 +156,19 @@ def _training_data(
         state=RunningBaseline(**store.get_meta(BASELINE_KEY, {})),
         normalise_rewards=config.normalise_rewards,
     )  # fmt: skip
+
+
+def credited_turns(episode: Episode) -> set[int]:
+    """Model turns before the run's first tool output, and any turn feedback names.
+
+    A turn written after a tool's output mostly reads it back (the tutor's `#### 42` after the
+    calculator said 42); whole-run feedback on it judges the call before it, and training it
+    with that reward adds noise and dilutes the call's tokens in the update.
+    """
+    first_tool = min((t.index for t in episode.trajectory.tool_steps), default=math.inf)
+    named = {f.turn for f in episode.feedback if f.turn is not None}
+    steps = episode.trajectory.model_steps
+    return {s.index for s in steps if s.index < first_tool or s.index in named}
 
 
 def _train(

@@ -169,6 +169,18 @@ def test_placeholders_keep_years_and_types(scrubber, text, expected):
     assert scrubber.scrub(text) == expected
 
 
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("Sam shares 180 cookies among 9 friends.", "[NAME] shares 180 cookies among 9 friends."),
+        ("Tom has 40 shells. Lily had 51.", "[NAME] has 40 shells. [NAME] had 51."),
+        ("Mark the date. Will has a plan.", "Mark the date. Will has a plan."),  # words first
+    ],
+)
+def test_a_first_name_opening_a_sentence_as_a_subject_is_a_name(scrubber, text, expected):
+    assert scrubber.scrub(text) == expected
+
+
 def test_find_reports_exact_spans(scrubber):
     text = "I'm Daniel Cohen, email dan.cohen@example.org, MRN 00482913."
     found = scrubber.find(text)

@@ -10,7 +10,7 @@ from agents.events import (
     TrajectoryEvent,
     decode,
 )
-from agents.trajectory_sink import TrajectorySink, scrub_trajectory
+from agents.trajectory_sink import CleanTexts, TrajectorySink, scrub_trajectory
 
 
 def scrub(text: str) -> str:
@@ -78,3 +78,19 @@ async def test_sink_without_scrubber_writes_the_event_as_is(aredis):
     await TrajectorySink(aredis).write(event)
     [(_, fields)] = await aredis.xrange(STREAM_TRAJECTORIES)
     assert decode(fields) == event
+
+
+def test_texts_found_clean_are_not_scrubbed_again_and_phi_is_never_remembered():
+    seen: list[str] = []
+
+    def counting(text: str) -> str:
+        seen.append(text)
+        return scrub(text)
+
+    cached = CleanTexts(counting, size=2)
+    assert [cached(t) for t in ("system prompt", "Alice", "system prompt", "Alice")] == [
+        "system prompt", "<PERSON>", "system prompt", "<PERSON>"]  # fmt: skip
+    assert seen == ["system prompt", "Alice", "Alice"]  # the clean text once, the name each time
+    cached("a"), cached("b")  # the oldest clean text falls out past `size`
+    cached("system prompt")
+    assert seen[-1] == "system prompt"

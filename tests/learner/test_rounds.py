@@ -132,3 +132,24 @@ def test_full_finetuning_publishes_full_weights_and_continues_from_them(
     assert _mean_logprob(trained, GOOD) != _mean_logprob(base, GOOD)
     _ingest(redis_client, store, _logged_runs(2))
     assert (run_round(store, registry, full).parent, registry.resolve(CHAMPION)) == ("v1", "v2")
+
+
+@pytest.mark.parametrize("after_tool, trained", [(True, 2), (False, 1)])
+def test_turns_after_a_tool_output_train_only_when_asked(
+    redis_client, store, registry, tmp_path, after_tool, trained
+):
+    runs = [trajectory(PROMPT, GOOD if i % 2 else BAD, user=f"u{i}", tool_turn=True)
+            for i in range(2)]  # fmt: skip
+    events = [e for i, t in enumerate(runs)
+              for e in (t, feedback(t.event_id, "thumbs", 1 if i % 2 else -1, user=f"u{i}"))]
+    _ingest(redis_client, store, events)
+    result = run_round(store, registry, tiny_round_config(tmp_path, train_after_tool=after_tool))
+    assert result.samples == 2 * trained  # the call turn always; the answer turn only when asked
+
+
+def test_feedback_naming_a_turn_after_a_tool_still_trains_it(redis_client, store, registry, tmp_path):
+    t = trajectory(PROMPT, BAD, tool_turn=True)
+    _ingest(redis_client, store, [t, feedback(t.event_id, "thumbs", -1, turn=2),
+                                  feedback(t.event_id, "thumbs", 1)])  # fmt: skip
+    result = run_round(store, registry, tiny_round_config(tmp_path, train_after_tool=False))
+    assert result.samples == 2
