@@ -154,8 +154,11 @@ def run_demo(opts: DemoOptions, console: Console) -> tuple[Report, Path]:
         timed(seconds, "start", stack.wait_ready, opts.phase_timeout_s)
         for r in range(1, opts.rounds + 1):
             records.append(_round(r, opts, stack, registry, pack, seconds, console))
-        if opts.closing_visit:
-            records.append(_closing_visit(opts, stack, registry, pack, seconds, console))
+        if opts.closing_visit:  # students on the final champion, nothing learned from them
+            stack.stop_process("learn")  # idle between rounds: stopping it here loses nothing
+            records.append(_students(opts.rounds + 1, opts, stack, registry, pack, console,
+                                      "closing visit"))  # fmt: skip
+            seconds["closing visit"] = records[-1].seconds["traffic"]
         report = build_report(client, pack)
     finally:
         with console.status("stopping the stack ..."):
@@ -189,21 +192,6 @@ def _round(
         timed(rec.seconds, "reload", wait_for_serving, stack, version, 120.0, console)
     for k, v in rec.seconds.items():
         seconds[k] = seconds.get(k, 0.0) + v
-    return rec
-
-
-def _closing_visit(
-    opts: DemoOptions,
-    stack: Stack,
-    registry: PolicyRegistry,
-    pack: Pack,
-    seconds: dict[str, float],
-    console: Console,
-) -> RoundRecord:
-    """Students on the final champion, nothing learned from them (their feedback stays in Redis)."""
-    stack.stop_process("learn")  # idle between rounds: stopping it here loses nothing
-    rec = _students(opts.rounds + 1, opts, stack, registry, pack, console, "closing visit")
-    seconds["closing visit"] = rec.seconds["traffic"]
     return rec
 
 

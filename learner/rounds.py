@@ -19,7 +19,13 @@ from learner.models import checkpoint_path, load_base, load_checkpoint
 from learner.publish import Published, publish_version
 from learner.registry import CHAMPION, PolicyRegistry, PolicyVersion
 from learner.rewards import batch_rewards, keep_turns
-from learner.samples import Baseline, TrainingData, build_training_data, version_number
+from learner.samples import (
+    Baseline,
+    TrainingData,
+    build_training_data,
+    reads_tool_output,
+    version_number,
+)
 from learner.store import Store
 from learner.train_step import PolicyTrainer, TrainConfig
 
@@ -165,10 +171,9 @@ def credited_turns(episode: Episode) -> set[int]:
     calculator said 42); whole-run feedback on it judges the call before it, and training it
     with that reward adds noise and dilutes the call's tokens in the update.
     """
-    first_tool = min((t.index for t in episode.trajectory.tool_steps), default=math.inf)
     named = {f.turn for f in episode.feedback if f.turn is not None}
-    steps = episode.trajectory.model_steps
-    return {s.index for s in steps if s.index < first_tool or s.index in named}
+    t = episode.trajectory
+    return {s.index for s in t.model_steps if not reads_tool_output(t, s) or s.index in named}
 
 
 def _train(

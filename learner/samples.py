@@ -5,8 +5,8 @@ counted, never re-tokenised: a re-tokenisation need not match what the policy sa
 A sample's advantage compares its reward with samples of other episodes of the same prompt
 group (GRPO, when the group holds two or more episodes: `metadata["group"]`, else identical
 first prompt ids), else with the rest of the batch (RLOO) or a running mean across rounds.
-A correction of an answer the model wrote from a tool's output is not made a pair (counted;
-see `preference_pair`).
+A correction of an answer the model wrote from a tool's output is not made a pair (counted:
+see `build_training_data`).
 """
 
 from __future__ import annotations
@@ -112,18 +112,9 @@ def reads_tool_output(trajectory: TrajectoryEvent, step: ModelStep) -> bool:
 
 
 def preference_pair(
-    episode: Episode, encode: Callable[[str], list[int]], eos_id: int
+    text: str, step: ModelStep, encode: Callable[[str], list[int]], eos_id: int
 ) -> PreferencePair | None:
-    """The episode's latest correction as a pair: the logged completion loses to the user's text.
-
-    None when the corrected answer was written after a tool's output: the user's text would be
-    preferred *given that output*, teaching the model to contradict its tools, while the
-    mistake was upstream (the call). Such a run still learns from its thumbs and ratings.
-    """
-    found = corrected_step(episode)
-    if found is None or reads_tool_output(episode.trajectory, found[1]):
-        return None
-    text, step = found
+    """A correction as a pair: the logged completion of `step` loses to the user's `text`."""
     chosen = encode(text) + [eos_id]
     if chosen == step.completion_token_ids:
         return None  # the user "corrected" it to what it already said
@@ -151,12 +142,15 @@ def build_training_data(
                 data.skipped_steps += 1
                 continue
             rows.append((e, step, reward.turns[step.index]))
-        pair = preference_pair(episode, encode, eos_id)
-        if pair is not None:
+        found = corrected_step(episode)
+        if found is not None and reads_tool_output(episode.trajectory, found[1]):
+            # preferred *given the tool's output*, the user's text would teach the model to
+            # contradict its tools, while the mistake was upstream (the call); the run still
+            # learns from its thumbs and ratings
+            data.skipped_corrections += 1
+        elif found is not None and (pair := preference_pair(*found, encode, eos_id)) is not None:
             data.pairs.append(pair)
             data.used.append(e)
-        elif (found := corrected_step(episode)) and reads_tool_output(episode.trajectory, found[1]):
-            data.skipped_corrections += 1
     if rows:
         values = [r for _, _, r in rows]
         values = normalise(values) if normalise_rewards else values
