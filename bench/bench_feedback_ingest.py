@@ -96,7 +96,7 @@ def main() -> None:
            "ARLOOP_SECRET_KEY": SECRET, "ARLOOP_API_KEYS": json.dumps([KEY]),
            "ARLOOP_FEEDBACK_RATE_PER_MINUTE": "1000000", "ARLOOP_PACKS": '["tutoring"]',
            "ARLOOP_SCRUB_PHI": "false", "ARLOOP_LOG_LEVEL": "WARNING"}  # fmt: skip
-    api = subprocess.Popen([sys.executable, "-c", "from deploy.agent_api import serve; serve()"],
+    api = subprocess.Popen([sys.executable, "-c", "from deploy.agent_api.app import serve; serve()"],
                            cwd=ROOT, env=env, stderr=subprocess.PIPE)  # fmt: skip
     try:
         for _ in range(300):

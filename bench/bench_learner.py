@@ -39,8 +39,9 @@ import torch
 from learner.advantages import group_advantages
 from learner.logprobs import make_batch, selected_logprobs
 from learner.lora import attach_lora
-from learner.models import load_base
-from learner.train_step import PolicyTrainer, Sample, TrainConfig
+from learner.policy.models import load_base
+from learner.samples import Sample
+from learner.train_step import PolicyTrainer, TrainConfig
 
 CONFIG = TrainConfig(lr=1e-5, kl_coef=0.02, clip_eps=0.2, micro_batch_size=8, max_grad_norm=1.0)
 QUESTIONS = [

@@ -3,7 +3,7 @@
     .venv/bin/python bench/bench_policy_server.py [--max-tokens 48] [--threads 2]
 
 Same model (SmolLM2-135M-Instruct, CPU, fp32), same prompts, greedy, same max_tokens, same
-torch threads. The server runs as its own process (`python -m deploy.policy_server`, i.e.
+torch threads. The server runs as its own process (`python -m deploy.policy_server.app`, i.e.
 `serve()`) on an embedded Redis in a temp dir; the peer runs in this process while the
 server idles. Targets: one client >= 0.9x the peer; 8 clients' aggregate > one client.
 """
@@ -27,9 +27,9 @@ import redis
 import torch
 
 from deploy.embedded_redis import free_port, start_redis
-from learner.chat_format import prompt_token_ids
-from learner.models import load_base
-from learner.registry import CHAMPION, PolicyRegistry, PolicyVersion
+from learner.policy.chat_format import prompt_token_ids
+from learner.policy.models import load_base
+from learner.policy.registry import CHAMPION, PolicyRegistry, PolicyVersion
 
 QUESTIONS = [
     "Explain photosynthesis to a ten-year-old.",
@@ -105,7 +105,7 @@ def start_server(
         env["ARLOOP_THREADS"] = str(threads)
     with open(data_dir / "server.log", "wb") as log:  # the child keeps its own handle
         proc = subprocess.Popen(
-            [sys.executable, "-m", "deploy.policy_server"],
+            [sys.executable, "-m", "deploy.policy_server.app"],
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=log,

@@ -136,7 +136,7 @@ def main() -> None:
     llm = spawn([sys.executable, "-m", "tests.fakes.scripted_llm", "--port", str(llm_port),
                  "--tool", "calculator", "--tool-steps", str(TOOL_STEPS)])  # fmt: skip
     llm_url = f"http://127.0.0.1:{llm_port}/v1"
-    api = spawn([sys.executable, "-c", "from deploy.agent_api import serve; serve()"], {
+    api = spawn([sys.executable, "-c", "from deploy.agent_api.app import serve; serve()"], {
         "ARLOOP_REDIS_URL": redis_server.url, "ARLOOP_PORT": str(api_port),
         "ARLOOP_POLICY_API_BASE": llm_url, "ARLOOP_POLICY_RETRIES": "0",
         "ARLOOP_PACKS": '["tutoring"]', "ARLOOP_SCRUB_PHI": "false",

@@ -72,12 +72,12 @@ from agents.packs.base import Task
 from agents.packs.tutoring import tutor, tutoring_pack, verify
 from agents.react import BUDGET_NOTE
 from agents.run_context import to_openai
-from deploy import demo
-from deploy.demo_report import eval_outcomes
-from deploy.demo_rounds import round_tasks
-from learner.chat_format import LINE, parse_tool_calls, prompt_token_ids, render_prompt
-from learner.models import apply_lora, load_base
-from learner.stats import PairedComparison, paired_comparison, wilson
+from deploy.demo import run as demo
+from deploy.demo.report import eval_outcomes
+from deploy.demo.rounds import round_tasks
+from learner.policy.chat_format import LINE, parse_tool_calls, prompt_token_ids, render_prompt
+from learner.policy.models import apply_lora, load_base
+from learner.gate.stats import PairedComparison, paired_comparison, wilson
 from learner.train_step import TrainConfig
 from tools.base import ToolError
 from tools.calculator import calculate

@@ -29,7 +29,7 @@ app.add_typer(policy_app, name="policy")
 def serve_agents() -> None:
     """Serve the agent API (ARLOOP_HOST, ARLOOP_PORT, ARLOOP_API_KEYS, ARLOOP_SECRET_KEY,
     ARLOOP_POLICY_API_BASE, ARLOOP_POLICY_MODEL, ARLOOP_REDIS_URL)."""
-    from deploy.agent_api import serve
+    from deploy.agent_api.app import serve
 
     serve()
 
@@ -38,7 +38,7 @@ def serve_agents() -> None:
 def serve_policy() -> None:
     """Serve the policy over an OpenAI-compatible API (ARLOOP_BASE_MODEL, ARLOOP_PORT,
     ARLOOP_REDIS_URL); follows the registry's champion and hot-reloads new versions."""
-    from deploy.policy_server import serve
+    from deploy.policy_server.app import serve
 
     serve()
 
@@ -53,7 +53,7 @@ def learn(
     (ARLOOP_BASE_MODEL, ARLOOP_MIN_EPISODES, ARLOOP_ROUND_INTERVAL_S, ARLOOP_FEEDBACK_WINDOW_S,
     ARLOOP_SILENCE_REWARD, ARLOOP_FULL_FINETUNE, ARLOOP_LEARNING_RATE, ARLOOP_DATA_DIR,
     ARLOOP_REDIS_URL; all in deploy/settings.py LearnerSettings). Stops cleanly on Ctrl-C."""
-    from deploy.learner_runner import main
+    from deploy.learn.runner import main
 
     raise typer.Exit(main(once=once))
 
@@ -64,7 +64,7 @@ def policy_list(
 ) -> None:
     """Versions (status, aliases, gate verdict and why) and the last moves in the registry
     (ARLOOP_REDIS_URL)."""
-    from deploy.policy_cmd import main
+    from deploy.commands import main
 
     raise typer.Exit(main("list", events=events))
 
@@ -75,7 +75,7 @@ def policy_promote(
     force: bool = typer.Option(False, "--force", help="Promote even a version the gate rejected."),
 ) -> None:
     """Make a version the champion (compare-and-set: refused if another writer moved it first)."""
-    from deploy.policy_cmd import main
+    from deploy.commands import main
 
     raise typer.Exit(main("promote", version=version, force=force))
 
@@ -90,7 +90,7 @@ def policy_rollback(
     ),
 ) -> None:
     """Put the champion back to an earlier version (its checkpoint must still exist)."""
-    from deploy.policy_cmd import main
+    from deploy.commands import main
 
     raise typer.Exit(main("rollback", to=to, candidate=candidate))
 
@@ -110,7 +110,7 @@ def eval_gate(
     """Run the eval gate: the packs' held-out suites (ARLOOP_EVAL_PACKS) through the agents
     against the policy server (ARLOOP_POLICY_API_BASE), plus the guards and the off-policy
     estimate. Exit 0 pass, 1 reject, 2 error."""
-    from deploy.policy_cmd import main
+    from deploy.commands import main
 
     raise typer.Exit(
         main("eval", version=version, against=against, apply=apply, as_json=as_json)
@@ -147,7 +147,7 @@ def demo(
     """The whole loop on this machine: starts Redis, the policy server, the agent API and the
     learner, runs rounds of simulated students -> feedback -> learning -> eval gate -> publish,
     and ends with a table per version and a report (JSON, Markdown, plots) under --report-dir."""
-    from deploy.demo import DemoOptions, main
+    from deploy.demo.run import DemoOptions, main
 
     opts = DemoOptions(rounds=rounds, users=users, episodes=episodes, group=group,
                        eval_size=eval_size, model=model, seed=seed, report_dir=report_dir,

@@ -7,7 +7,7 @@ The order is the crash-safety argument:
    (after this the events are trained, whatever happens next);
 3. the registry learns of the version (READY) and, when no eval gate is configured,
    `champion` moves from the parent to it; with a gate, the release flow moves the aliases
-   (`learner/release.py`). A crash before this is finished by `recover` on restart.
+   (`learner/gate/release.py`). A crash before this is finished by `recover` on restart.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from learner.crashpoints import crash_point
-from learner.registry import (
+from learner.policy.registry import (
     CHAMPION,
     AliasConflict,
     PolicyRegistry,
@@ -54,7 +54,7 @@ class Published:
 
 
 def checkpoint_uri(path: Path) -> str:
-    """`file:///abs/path`, as `learner.models.checkpoint_path` reads it back."""
+    """`file:///abs/path`, as `learner.policy.models.checkpoint_path` reads it back."""
     return path.resolve().as_uri()
 
 

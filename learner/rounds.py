@@ -15,9 +15,9 @@ import torch
 from learner.advantages import RunningBaseline
 from learner.crashpoints import crash_point
 from learner.episodes import Episode, settle, trainable_episodes
-from learner.models import checkpoint_path, load_base, load_checkpoint
+from learner.policy.models import checkpoint_path, load_base, load_checkpoint
 from learner.publish import Published, publish_version
-from learner.registry import CHAMPION, PolicyRegistry, PolicyVersion
+from learner.policy.registry import CHAMPION, PolicyRegistry, PolicyVersion
 from learner.rewards import batch_rewards, keep_turns
 from learner.samples import (
     Baseline,

@@ -29,9 +29,34 @@ from learner.advantages import (
 )
 from learner.episodes import Episode
 from learner.rewards import EpisodeReward, normalise
-from learner.train_step import PreferencePair, Sample
 
 Baseline = Literal["rloo", "running"]
+
+
+@dataclass
+class Sample:
+    """One logged completion to learn from, with its advantage (see `learner.advantages`)."""
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    advantage: float
+    behaviour_logprobs: list[float] | None = None
+    """Logprobs the serving policy gave each completion token; None: treat as on-policy (ratio 1)."""
+    loss_mask: list[int] | None = None
+    """One 0/1 per completion token; 0 = excluded (e.g. tool output spliced into the completion)."""
+    reward: float = 0.0
+    group: str | None = None
+    """Samples of the same prompt share a group (GRPO); feeds `frac_reward_zero_std`."""
+    policy_version: int | None = None
+
+
+@dataclass
+class PreferencePair:
+    """A prompt with a preferred and a rejected completion (e.g. a user's correction)."""
+
+    prompt_ids: list[int]
+    chosen_ids: list[int]
+    rejected_ids: list[int]
 
 
 @dataclass

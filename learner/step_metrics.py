@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from typing import TYPE_CHECKING
 
 import torch
 
-if TYPE_CHECKING:
-    from learner.train_step import Sample
+from learner.samples import Sample
 
 
 def add_corr_sums(sums: dict[str, float], behaviour: torch.Tensor, current: torch.Tensor) -> None:

@@ -27,33 +27,8 @@ from accelerate import Accelerator
 from learner.logprobs import TokenBatch, make_batch, selected_logprobs
 from learner.lora import attach_lora, frozen_copy, reference_view
 from learner.losses import clipped_pg_loss, dpo_loss
+from learner.samples import PreferencePair, Sample
 from learner.step_metrics import add_corr_sums, pg_metrics
-
-
-@dataclass
-class Sample:
-    """One logged completion to learn from, with its advantage (see `learner.advantages`)."""
-
-    prompt_ids: list[int]
-    completion_ids: list[int]
-    advantage: float
-    behaviour_logprobs: list[float] | None = None
-    """Logprobs the serving policy gave each completion token; None: treat as on-policy (ratio 1)."""
-    loss_mask: list[int] | None = None
-    """One 0/1 per completion token; 0 = excluded (e.g. tool output spliced into the completion)."""
-    reward: float = 0.0
-    group: str | None = None
-    """Samples of the same prompt share a group (GRPO); feeds `frac_reward_zero_std`."""
-    policy_version: int | None = None
-
-
-@dataclass
-class PreferencePair:
-    """A prompt with a preferred and a rejected completion (e.g. a user's correction)."""
-
-    prompt_ids: list[int]
-    chosen_ids: list[int]
-    rejected_ids: list[int]
 
 
 @dataclass

@@ -12,8 +12,8 @@ from agents.packs.maths_problems import GSM8K_FILE, gsm8k, template_eval
 from agents.packs.medical import KB_DIR
 from agents.packs.triage_cases import SYMPTOMS, cases, split_phrases
 from agents.packs.tutoring import EXAMPLE, pack, problems, tutoring_pack
-from learner.chat_format import render_prompt
-from learner.tiny_model import build_tokenizer
+from learner.policy.chat_format import render_prompt
+from learner.policy.tiny_model import build_tokenizer
 from tools.calculator import calculate
 from tools.kb_search import KbSearch, KbSearchArgs
 

@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from agents.runtime import AgentSpec
-from deploy.agent_api import create_app
+from deploy.agent_api.app import create_app
 from deploy.settings import AgentApiSettings
 from tests.fakes.servers import ServerThread
 from tests.fakes.tools import Add, ExpectVerifier

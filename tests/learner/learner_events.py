@@ -19,7 +19,7 @@ from agents.events import (
     new_id,
 )
 from learner.logprobs import completion_logprobs
-from learner.tiny_model import build_tiny_model, build_tokenizer
+from learner.policy.tiny_model import build_tiny_model, build_tokenizer
 
 
 @functools.cache

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from learner.registry import PolicyRegistry
+from learner.policy.registry import PolicyRegistry
 from learner.rounds import RoundConfig
 from learner.store import Store
 from learner.train_step import TrainConfig

@@ -1,6 +1,6 @@
 """kill -9 of a real learner process at each named point: after a restart, none lost or doubled.
 
-The learner runs as its own OS process (`python -m deploy.learner_runner --once`) on the tiny
+The learner runs as its own OS process (`python -m deploy.learn.runner --once`) on the tiny
 model; `ARLOOP_CRASH_AT=<point>` makes it SIGKILL itself there (learner/crashpoints.py).
 """
 
@@ -19,9 +19,9 @@ import pytest
 from rich.console import Console
 
 from agents.events import LEARNER_GROUP, STREAM_FEEDBACK, STREAM_TRAJECTORIES
-from deploy.learner_runner import Learner
+from deploy.learn.runner import Learner
 from deploy.settings import LearnerSettings
-from learner.registry import CHAMPION, PolicyRegistry
+from learner.policy.registry import CHAMPION, PolicyRegistry
 from learner.store import Store
 from tests.learner.learner_events import feedback, trajectory, xadd
 from tests.learner.learner_fixtures import model_cache  # noqa: F401 - a fixture, used by name
@@ -42,7 +42,7 @@ def _env(redis_url: str, data_dir: Path, **extra: str) -> dict[str, str]:
 
 def _learn_once(redis_url: str, data_dir: Path, crash_at: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "deploy.learner_runner", "--once"], cwd=REPO, timeout=240,
+        [sys.executable, "-m", "deploy.learn.runner", "--once"], cwd=REPO, timeout=240,
         env=_env(redis_url, data_dir, ARLOOP_CRASH_AT=crash_at), capture_output=True, text=True,
     )  # fmt: skip
 
@@ -129,7 +129,7 @@ def test_kill_9_then_restart_trains_every_event_exactly_once(
 
 def test_sigterm_stops_the_learner_cleanly(redis_url, redis_client, tmp_path):
     proc = subprocess.Popen(
-        [sys.executable, "-m", "deploy.learner_runner"], cwd=REPO, text=True,
+        [sys.executable, "-m", "deploy.learn.runner"], cwd=REPO, text=True,
         env=_env(redis_url, tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )  # fmt: skip
     try:

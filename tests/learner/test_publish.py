@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from learner.models import checkpoint_path
+from learner.policy.models import checkpoint_path
 from learner.publish import (
     CheckpointWriteError,
     checkpoint_uri,
@@ -11,7 +11,7 @@ from learner.publish import (
     register,
     write_checkpoint,
 )
-from learner.registry import CHAMPION, PolicyVersion
+from learner.policy.registry import CHAMPION, PolicyVersion
 from learner.rounds import run_round
 from learner.store import CommittedVersion
 from learner.trajectory_source import TrajectorySource

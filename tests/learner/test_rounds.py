@@ -7,8 +7,8 @@ import torch
 from safetensors.torch import load_file
 
 from learner.logprobs import completion_logprobs
-from learner.models import checkpoint_path, load_base, load_version
-from learner.registry import CHAMPION, VersionStatus
+from learner.policy.models import checkpoint_path, load_base, load_version
+from learner.policy.registry import CHAMPION, VersionStatus
 from learner.rounds import UNTRAINABLE, RoundAborted, run_round
 from learner.train_step import TrainConfig
 from learner.trajectory_source import TrajectorySource

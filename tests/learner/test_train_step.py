@@ -10,8 +10,9 @@ import torch
 from peft import PeftModel
 
 from learner.logprobs import completion_logprobs, make_batch, selected_logprobs, token_logprobs
-from learner.tiny_model import build_tiny_model
-from learner.train_step import PolicyTrainer, PreferencePair, Sample, TrainConfig
+from learner.policy.tiny_model import build_tiny_model
+from learner.samples import PreferencePair, Sample
+from learner.train_step import PolicyTrainer, TrainConfig
 
 # peft asks transformers a deprecated question on every forward
 warnings.filterwarnings("ignore", category=FutureWarning)

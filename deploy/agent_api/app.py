@@ -1,0 +1,149 @@
+"""The agent API: `create_app(settings)` builds the FastAPI app; `serve()` runs it with uvicorn.
+
+Endpoints: `GET /v1/agents`, `POST /v1/agents/{agent}/runs`, `POST /v1/feedback` (all with
+`Authorization: Bearer <key>`), `GET /healthz`, `GET /metrics`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import logging
+import random
+from contextlib import asynccontextmanager
+
+from fastapi import APIRouter, FastAPI, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from agents.events import FeedbackKind
+from agents.feedback_intake import FeedbackSubmission
+from agents.feedback_tokens import issue
+from agents.policy_client import warm_up
+from agents.runtime import AgentSpec
+from agents.trajectory_sink import Scrub
+from deploy.agent_api.services import open_services, phi_scrubber
+from deploy.agent_api.errors import ApiError, install_error_handlers
+from deploy.agent_api.metrics import ApiMetrics
+from deploy.agent_api.schemas import (
+    AgentList,
+    FeedbackAccepted,
+    FeedbackRequest,
+    RunRequest,
+    RunResponse,
+)
+from deploy.agent_api.deps import ApiKey, ServicesDep
+from deploy.embedded_redis import ensure_redis
+from deploy.agent_api.limits import BodySizeLimit
+from deploy.settings import AgentApiSettings
+
+log = logging.getLogger(__name__)
+router = APIRouter()
+
+
+@router.get("/healthz")
+async def healthz(services: ServicesDep) -> dict[str, str]:
+    """200 when Redis answers; 503 with the reason when it does not."""
+    await services.redis.ping()
+    return {"status": "ok", "redis": "ok"}
+
+
+@router.get("/metrics")
+async def metrics(services: ServicesDep) -> Response:
+    return Response(services.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get("/v1/agents", response_model=AgentList)
+async def list_agents(services: ServicesDep, _: ApiKey) -> AgentList:
+    """The agents this service runs."""
+    return AgentList(agents=[a.spec.public() for a in services.runtime.agents.values()])
+
+
+@router.post("/v1/agents/{agent}/runs", response_model=RunResponse)
+async def run_agent(agent: str, body: RunRequest, services: ServicesDep, _: ApiKey) -> RunResponse:
+    """Run an agent on a new or existing thread; the answer carries a feedback token."""
+    settings = services.settings
+    services.runtime.spec(agent)
+    if len(body.input) > settings.max_input_chars:
+        raise ApiError(413, f"input has {len(body.input)} characters; the limit is "
+                            f"{settings.max_input_chars} (ARLOOP_MAX_INPUT_CHARS)")  # fmt: skip
+    await services.limiter.hit("runs", body.user_id, settings.run_rate_per_minute)
+    event = await services.runtime.run(
+        agent, body.input, body.user_id, body.thread_id, body.metadata
+    )
+    services.metrics.observe_run(event)
+    token = issue(settings.secret_key, event.trajectory_id, event.user_id, event.policy_version,
+                  settings.feedback_token_ttl_s)  # fmt: skip
+    return RunResponse(
+        trajectory_id=event.trajectory_id, thread_id=event.thread_id, output=event.output,
+        policy_version=event.policy_version, feedback_token=token, status=event.status.value,
+        tools=[s.name for s in event.tool_steps if s.name in services.runtime.agents[agent].tools],
+    )  # fmt: skip
+
+
+@router.post("/v1/feedback", status_code=202, response_model=FeedbackAccepted)
+async def feedback(body: FeedbackRequest, services: ServicesDep, _: ApiKey) -> FeedbackAccepted:
+    """Accept feedback on a trajectory, with the token its run returned."""
+    kind = body.kind if body.kind in FeedbackKind.__members__.values() else "invalid"
+    try:
+        event_id = await services.intake.accept(FeedbackSubmission(**body.model_dump()))
+    except Exception as exc:  # counted, then answered by the error handlers
+        services.metrics.feedback.labels(kind, str(getattr(exc, "status", "error"))).inc()
+        raise
+    services.metrics.feedback.labels(kind, "accepted").inc()
+    return FeedbackAccepted(event_id=event_id)
+
+
+def create_app(
+    settings: AgentApiSettings | None = None,
+    *,
+    specs: list[AgentSpec] | None = None,
+    scrubber: Scrub | None = None,
+    rng: random.Random | None = None,
+) -> FastAPI:
+    """The agent API app; Redis is connected at startup (the embedded one when no URL is set).
+
+    `specs` defaults to the agents of `settings.packs`; `scrubber` to agents.pii's when
+    `settings.scrub_phi` is on; `rng` draws canary arms (seed it in tests).
+    """
+    settings = settings or AgentApiSettings()
+    specs = specs if specs is not None else _load_packs(settings.packs)
+    scrub = scrubber if scrubber is not None else phi_scrubber(settings)
+    api_metrics = ApiMetrics()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        url = settings.redis_url or ensure_redis(None, settings.data_dir)
+        await asyncio.to_thread(warm_up)
+        services = open_services(settings, url, specs, api_metrics, scrub, rng)
+        app.state.services = services
+        yield
+        await services.redis.aclose()
+
+    app = FastAPI(title="arloop agent API", version="1", lifespan=lifespan)
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    install_error_handlers(app)
+    app.include_router(router)
+    return app
+
+
+def _load_packs(names: list[str]) -> list[AgentSpec]:
+    from agents.packs import load_packs
+
+    return load_packs(names)
+
+
+def serve() -> None:
+    """`arloop serve agents`: settings from ARLOOP_*, Redis ensured, uvicorn on uvloop."""
+    import uvicorn
+
+    settings = AgentApiSettings()
+    logging.basicConfig(level=settings.log_level.upper())
+    url = ensure_redis(settings.redis_url, settings.data_dir)
+    app = create_app(settings.model_copy(update={"redis_url": url}))
+    # uvloop + httptools roughly doubled an ingest endpoint's rate here; both are optional.
+    fast = all(importlib.util.find_spec(m) for m in ("uvloop", "httptools"))
+    uvicorn.run(
+        app, host=settings.host, port=settings.port, log_level=settings.log_level.lower(),
+        loop="uvloop" if fast else "auto", http="httptools" if fast else "auto",
+        access_log=False,
+    )  # fmt: skip

@@ -1,0 +1,85 @@
+"""The agent API's limits: request bodies over a size (413, refused before anything parses them)
+and requests per user and minute (429, one Redis round trip)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import redis.asyncio as aioredis
+
+from agents.events import RATE_PREFIX
+
+
+class BodySizeLimit:
+    """Buffers at most `max_bytes` of a request body; more is a 413 with a reason."""
+
+    def __init__(self, app, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            return await self._refuse(send)
+        body, more = b"", True
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return None
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+            if len(body) > self.max_bytes:
+                return await self._refuse(send)
+        return await self.app(scope, _replay(body, receive), send)
+
+    async def _refuse(self, send) -> None:
+        reason = f"request body is over {self.max_bytes} bytes (ARLOOP_MAX_BODY_BYTES)"
+        payload = json.dumps({"detail": reason}).encode()
+        headers = [(b"content-type", b"application/json"),
+                   (b"content-length", str(len(payload)).encode()), (b"connection", b"close")]
+        await send({"type": "http.response.start", "status": 413, "headers": headers})
+        await send({"type": "http.response.body", "body": payload})
+
+
+def _replay(body: bytes, receive):
+    sent = False
+
+    async def replay():
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()  # after the body: wait for the disconnect, as servers do
+
+    return replay
+
+
+class RateLimited(Exception):
+    """Over the limit; `retry_after` seconds until the next window."""
+
+    def __init__(self, reason: str, retry_after: int) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.retry_after = retry_after
+
+
+class RateLimiter:
+    """Fixed one-minute windows per scope and user."""
+
+    def __init__(self, client: aioredis.Redis) -> None:
+        self.client = client
+
+    async def hit(self, scope: str, user_id: str, per_minute: int) -> None:
+        """Count one request; RateLimited past `per_minute` in the current minute."""
+        now = time.time()
+        key = f"{RATE_PREFIX}:{scope}:{user_id}:{int(now // 60)}"
+        async with self.client.pipeline(transaction=False) as pipe:
+            count, _ = await pipe.incr(key).expire(key, 120).execute()
+        if count > per_minute:
+            raise RateLimited(
+                f"too many {scope} for user {user_id!r}: the limit is {per_minute} per minute",
+                retry_after=max(1, 60 - int(now) % 60),
+            )

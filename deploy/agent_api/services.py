@@ -1,0 +1,74 @@
+"""What the agent API runs on: Redis, the agent runtime, feedback intake, limits, metrics."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import redis.asyncio as aioredis
+
+from agents.feedback_intake import FeedbackIntake
+from agents.policy_client import PolicyConfig
+from agents.runtime import AgentRuntime, AgentSpec
+from agents.trajectory_sink import Scrub
+from deploy.agent_api.metrics import ApiMetrics
+from deploy.agent_api.limits import RateLimiter
+from deploy.settings import AgentApiSettings
+
+
+@dataclass
+class Services:
+    """One per app instance, built at startup (see `open_services`)."""
+
+    settings: AgentApiSettings
+    redis: aioredis.Redis
+    runtime: AgentRuntime
+    intake: FeedbackIntake
+    limiter: RateLimiter
+    metrics: ApiMetrics
+
+
+def policy_config(settings: AgentApiSettings) -> PolicyConfig:
+    return PolicyConfig(
+        model=settings.policy_model, api_base=settings.policy_api_base,
+        api_key=settings.policy_api_key, timeout_s=settings.policy_timeout_s,
+        retries=settings.policy_retries, versioned=settings.policy_versioned,
+        temperature=settings.policy_temperature, max_tokens=settings.policy_max_tokens,
+    )  # fmt: skip
+
+
+def open_services(
+    settings: AgentApiSettings,
+    redis_url: str,
+    specs: list[AgentSpec],
+    metrics: ApiMetrics,
+    scrub: Scrub | None = None,
+    rng: random.Random | None = None,
+) -> Services:
+    """Connect to Redis (lazily: a Redis that is down now is a 503 later, not a crash)."""
+    client = aioredis.from_url(
+        redis_url, socket_timeout=settings.redis_timeout_s,
+        socket_connect_timeout=min(2.0, settings.redis_timeout_s),
+    )  # fmt: skip
+    runtime = AgentRuntime.on_redis(
+        client, specs, policy_config(settings), canary_share=settings.canary_share,
+        scrub=scrub, thread_ttl_s=settings.thread_ttl_s, lock_s=settings.thread_lock_s,
+        memory_max_items=settings.memory_max_items, rng=rng,
+        durability=settings.checkpoint_durability,
+    )  # fmt: skip
+    intake = FeedbackIntake(client, settings.secret_key, settings.feedback_rate_per_minute, scrub)
+    return Services(settings, client, runtime, intake, RateLimiter(client), metrics)
+
+
+def phi_scrubber(settings: AgentApiSettings) -> Scrub | None:
+    """`agents.pii`'s scrubber when ARLOOP_SCRUB_PHI is on (it is by default)."""
+    if not settings.scrub_phi:
+        return None
+    try:
+        from agents.pii import shared_scrubber
+    except ImportError as exc:
+        raise RuntimeError(
+            f"ARLOOP_SCRUB_PHI is on but the PHI scrubber cannot load ({exc}); install "
+            "arloop[serve] (presidio-analyzer) or set ARLOOP_SCRUB_PHI=false"
+        ) from exc
+    return shared_scrubber().scrub

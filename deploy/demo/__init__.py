@@ -1,0 +1,1 @@
+"""`arloop demo`: the processes, simulated users, rounds and the report."""

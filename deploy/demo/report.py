@@ -1,0 +1,229 @@
+"""The demo's report: per policy version, figures read back from Redis and the registry.
+
+Held-out success comes from the eval gate's own runs (`arloop:eval:trajectories`, tagged with
+the version and task, re-scored with the pack's verifier), with a Wilson 95% interval; the
+traffic figures (thumbs-up rate, mean user reward) from the runs each version served
+(`arloop:trajectories`) and the feedback on them (`arloop:feedback`); the gate's verdict and
+KL(version || base) from the version's report in the registry; training figures from the
+round's metrics. The headline compares the final champion with v0 on the same held-out tasks
+(paired: Newcombe 95% interval and exact McNemar test, `learner.gate.stats`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from agents.events import (
+    STREAM_EVAL_TRAJECTORIES,
+    STREAM_FEEDBACK,
+    STREAM_TRAJECTORIES,
+    FeedbackEvent,
+    TrajectoryEvent,
+    decode,
+)
+from agents.packs.base import Pack
+from learner.policy.registry import BASE_VERSION, CHAMPION, PolicyRegistry, PolicyVersion
+from learner.rewards import mean_score, scored
+from learner.gate.stats import paired_comparison, wilson
+from learner.gate.evidence import answer_tokens
+
+
+@dataclass
+class VersionRow:
+    """One policy version's line of the report."""
+
+    version: str
+    parent: str | None
+    status: str
+    verdict: str  # pass | reject | base | - (not gated)
+    reason: str = ""
+    failed: list[str] = field(default_factory=list)
+    eval_solved: int = 0
+    eval_n: int = 0
+    eval_low: float | None = None
+    eval_high: float | None = None
+    eval_answer_tokens: float | None = None
+    traffic_runs: int = 0
+    thumbs_up: int = 0
+    thumbs_down: int = 0
+    user_reward: float | None = None
+    train_reward: float | None = None
+    train_kl: float | None = None
+    kl: float | None = None  # KL(version || base) per token on the eval completions (gate)
+    trained_events: int = 0
+
+    @property
+    def eval_rate(self) -> float | None:
+        return self.eval_solved / self.eval_n if self.eval_n else None
+
+    @property
+    def thumbs_up_rate(self) -> float | None:
+        n = self.thumbs_up + self.thumbs_down
+        return self.thumbs_up / n if n else None
+
+
+@dataclass
+class Report:
+    versions: list[VersionRow]
+    champion: str
+    improvement: dict[str, Any] | None
+    feedback_counts: dict[str, int]
+    options: dict[str, Any] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+    rounds: list[dict[str, Any]] = field(default_factory=list)
+
+    def row(self, version: str) -> VersionRow:
+        return next(r for r in self.versions if r.version == version)
+
+    def to_dict(self) -> dict[str, Any]:
+        rows = [asdict(r) | {"eval_rate": r.eval_rate, "thumbs_up_rate": r.thumbs_up_rate}
+                for r in self.versions]  # fmt: skip
+        return {"champion": self.champion, "improvement": self.improvement, "versions": rows,
+                "feedback_counts": self.feedback_counts, "rounds": self.rounds,
+                "options": self.options, "seconds": self.seconds}  # fmt: skip
+
+
+def read_stream(client: redis.Redis, stream: str) -> list[Any]:
+    """Every event of a stream, oldest first."""
+    out, start = [], "-"
+    while True:
+        batch = client.xrange(stream, min=start, count=1000)
+        out += [decode(fields) for _, fields in batch]
+        if len(batch) < 1000:
+            return out
+        last = batch[-1][0].decode() if isinstance(batch[-1][0], bytes) else batch[-1][0]
+        start = "(" + last
+
+
+def eval_outcomes(client: redis.Redis, pack: Pack) -> dict[str, dict[str, tuple[bool, int | None]]]:
+    """version -> task id -> (solved, answer tokens), from the gate's eval runs."""
+    tasks = {t.id: t for t in pack.tasks("eval")}
+    out: dict[str, dict[str, tuple[bool, int | None]]] = defaultdict(dict)
+    for t in read_stream(client, STREAM_EVAL_TRAJECTORIES):
+        task = tasks.get(t.metadata.get("arloop.task", ""))
+        if task is not None:
+            solved = float(pack.verify(task, t.output)) >= 1.0
+            out[t.metadata["arloop.eval"]][task.id] = (solved, answer_tokens(t))
+    return out
+
+
+def build_report(client: redis.Redis, pack: Pack) -> Report:
+    """Every figure of the report, from Redis and the registry."""
+    registry = PolicyRegistry(client)
+    evals = eval_outcomes(client, pack)
+    runs = [t for t in read_stream(client, STREAM_TRAJECTORIES) if isinstance(t, TrajectoryEvent)]
+    feedback = [f for f in read_stream(client, STREAM_FEEDBACK) if isinstance(f, FeedbackEvent)]
+    by_run: dict[str, list[FeedbackEvent]] = defaultdict(list)
+    for f in feedback:
+        by_run[f.trajectory_id].append(f)
+    rows = [_row(v, evals.get(v.version, {}), runs, by_run) for v in registry.versions()]
+    champion = registry.resolve(CHAMPION)
+    counts: dict[str, int] = defaultdict(int)
+    for f in feedback:
+        counts[f.kind.value] += 1
+    return Report(rows, champion, improvement(evals, BASE_VERSION, champion), dict(counts))
+
+
+def _row(v: PolicyVersion, evals, runs: Sequence[TrajectoryEvent], by_run) -> VersionRow:
+    report = v.report or {}
+    verdict = "base" if v.version == BASE_VERSION else report.get("verdict", "-")
+    row = VersionRow(v.version, v.parent, v.status.value, verdict, report.get("reason", ""),
+                     list(report.get("failed", [])))  # fmt: skip
+    solved = [s for s, _ in evals.values()]
+    row.eval_solved, row.eval_n = sum(solved), len(solved)
+    if solved:
+        row.eval_low, row.eval_high = wilson(row.eval_solved, row.eval_n)
+    lengths = [n for _, n in evals.values() if n is not None]
+    row.eval_answer_tokens = sum(lengths) / len(lengths) if lengths else None
+    served = [t for t in runs if t.policy_version == v.version]
+    row.traffic_runs = len(served)
+    rewards = []
+    for t in served:
+        thumbs = [f.value for f in by_run[t.event_id] if f.kind.value == "thumbs"]
+        row.thumbs_up += sum(1 for x in thumbs if x > 0)
+        row.thumbs_down += sum(1 for x in thumbs if x < 0)
+        score = mean_score(scored(by_run[t.event_id]))
+        if score is not None:
+            rewards.append(score)
+    row.user_reward = sum(rewards) / len(rewards) if rewards else None
+    row.train_reward, row.train_kl = v.metrics.get("reward"), v.metrics.get("kl")
+    row.kl = 0.0 if v.version == BASE_VERSION else _guard(report, "kl_to_reference")
+    row.trained_events = int(report.get("training", {}).get("trained_runs", 0) or 0)
+    return row
+
+
+def _guard(report: dict[str, Any], name: str) -> float | None:
+    for g in report.get("guards", []):
+        if g.get("name") == name:
+            return g.get("figure")
+    return None
+
+
+def improvement(evals, baseline: str, final: str) -> dict[str, Any] | None:
+    """The final champion vs the baseline on the held-out tasks both ran (paired)."""
+    a, b = evals.get(baseline, {}), evals.get(final, {})
+    ids = sorted(set(a) & set(b))
+    if not ids:
+        return None
+    cmp = paired_comparison([int(a[i][0]) for i in ids], [int(b[i][0]) for i in ids])
+    return asdict(cmp) | {"baseline": baseline, "final": final,
+                          "excludes_zero": cmp.ci_low > 0 or cmp.ci_high < 0,
+                          "fixed": sum(1 for i in ids if b[i][0] and not a[i][0]),
+                          "broke": sum(1 for i in ids if a[i][0] and not b[i][0])}  # fmt: skip
+
+
+def headline(report: Report) -> str:
+    """The one sentence the demo ends with: did it improve, with the interval."""
+    imp = report.improvement
+    if imp is None:
+        return "No held-out evaluation was recorded, so no improvement can be claimed."
+    if imp["final"] == imp["baseline"]:
+        return (f"No version passed the gate: the champion is still {imp['baseline']}, so the "
+                "demo did NOT show an improvement.")  # fmt: skip
+    figures = (f"{imp['final']} vs {imp['baseline']} on {imp['n']} held-out tasks: "
+               f"{imp['champion_rate']:.0%} -> {imp['candidate_rate']:.0%}, difference "
+               f"{imp['diff']:+.3f} (95% CI {imp['ci_low']:+.3f} to {imp['ci_high']:+.3f}; "
+               f"fixed {imp['fixed']}, broke {imp['broke']})")  # fmt: skip
+    if imp["excludes_zero"] and imp["diff"] > 0:
+        return f"Improved: {figures}. The interval excludes zero."
+    return f"Did NOT show an improvement whose interval excludes zero: {figures}."
+
+
+def markdown(report: Report) -> str:
+    """The report as Markdown: headline, the table per version, verdict reasons, timings."""
+    head = ["version", "parent", "gate", "held-out success (95% CI)", "thumbs-up", "user reward",
+            "train reward", "KL to base", "answer tokens"]  # fmt: skip
+    lines = ["# arloop demo report", "", headline(report), "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]  # fmt: skip
+    for r in report.versions:
+        lines.append("| " + " | ".join(table_cells(r, report.champion)) + " |")
+    lines += ["", "## Gate verdicts", ""]
+    lines += [f"- **{r.version}** {r.verdict}: {r.reason}" for r in report.versions if r.reason]
+    lines += ["", "## Feedback received", ""]
+    lines += [f"- {k}: {v}" for k, v in sorted(report.feedback_counts.items())]
+    if report.seconds:
+        lines += ["", "## Time", ""]
+        lines += [f"- {k}: {v:.0f} s" for k, v in report.seconds.items()]
+    return "\n".join(lines) + "\n"
+
+
+def table_cells(r: VersionRow, champion: str) -> list[str]:
+    """One version's cells, as the terminal table and the Markdown show them."""
+    success = "-"
+    if r.eval_n:
+        success = f"{r.eval_solved}/{r.eval_n} = {r.eval_rate:.0%} [{r.eval_low:.0%}, {r.eval_high:.0%}]"
+    thumbs = f"{r.thumbs_up_rate:.0%} of {r.thumbs_up + r.thumbs_down}" if r.thumbs_up_rate is not None else "-"
+    name = f"{r.version} (champion)" if r.version == champion else r.version
+    return [name, r.parent or "-", r.verdict, success, thumbs, _num(r.user_reward),
+            _num(r.train_reward), _num(r.kl, 4), _num(r.eval_answer_tokens, 1)]  # fmt: skip
+
+
+def _num(x: float | None, digits: int = 2) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"

@@ -1,0 +1,276 @@
+"""`arloop demo`: the whole loop on this machine, in a fresh data directory, with a report.
+
+Starts Redis, the policy server, the agent API and the learner as real processes, then for
+each round: simulated students bring maths problems to the tutoring agent over HTTP and rate
+the answers; the learner turns that feedback into a LoRA update, publishes a READY version,
+and its eval gate compares it with the champion on held-out problems (pass: champion, and the
+policy server reloads it). After the last round the learner stops and the students visit the
+final champion once more (a closing visit: its thumbs-up rate, nothing learned from it). The
+end: a table per version and `reports/demo-<time>/` with JSON, Markdown and plots.
+Everything stops cleanly at the end, on an error, or on Ctrl-C.
+
+CPU: the three processes share the machine but are rarely busy at once (traffic, training and
+the gate take turns), so the policy server and the learner each get both cores by default;
+prompts are short (a one-shot example, answers of at most `max_tokens`), and the gate
+evaluates each champion once.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import secrets
+import signal
+import threading
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import redis
+from rich.console import Console
+from rich.table import Table
+
+from agents.packs.base import Pack
+from deploy.demo.users import Behaviour
+from deploy.demo.report import Report, build_report, headline, markdown, table_cells
+from deploy.demo.rounds import (
+    RoundRecord,
+    round_tasks,
+    timed,
+    traffic,
+    wait_for_serving,
+    wait_for_verdict,
+)
+from deploy.demo.stack import Stack, StackError
+from learner.policy.registry import BASE_VERSION, PolicyRegistry
+
+API_KEY = "demo-" + secrets.token_hex(8)
+
+
+@dataclass(frozen=True)
+class DemoOptions:
+    """What `arloop demo --help` offers; the defaults take about 6 minutes on 2 cores."""
+
+    rounds: int = 2
+    users: int = 8
+    """Simulated users talking to the agent API at once."""
+    episodes: int = 32
+    """Runs (visits) per round; `group` users bring the same problem."""
+    group: int = 4
+    eval_size: int = 40
+    """Held-out problems the gate evaluates every version on."""
+    model: str = "smollm2"
+    seed: int = 0
+    report_dir: Path = Path("reports")
+    data_dir: Path | None = None
+    """Default: a fresh `.arloop/demo-<time>`."""
+    temperature: float = 0.7
+    """Sampling temperature of the served policy (exploration); the gate evaluates greedily."""
+    max_tokens: int = 32
+    threads: int = 2
+    """torch threads of the policy server and of the learner: traffic, training and the gate
+    take turns, so each may use both cores while it works."""
+    silence: float = 0.1
+    noise: float = 0.05
+    closing_visit: bool = True
+    """After the last round, the learner stops and one more round of students visits the
+    final champion: its thumbs-up rate is measured on the same traffic as the others'."""
+    learning_rate: float = 2e-4
+    kl_coef: float = 0.04
+    phase_timeout_s: float = 900.0
+
+
+def quick(opts: DemoOptions) -> DemoOptions:
+    """The tiny model, one round, a handful of runs: the whole path in well under a minute."""
+    return replace(opts, model="tiny", rounds=1, users=4, episodes=8, group=2, eval_size=6,
+                   max_tokens=12)  # fmt: skip
+
+
+def _quiet(opts: DemoOptions) -> int:
+    return round(opts.silence * opts.episodes)
+
+
+def stack_env(opts: DemoOptions, policy_url: str) -> dict[str, dict[str, str]]:
+    """The `ARLOOP_*` settings of each process."""
+    threads = str(opts.threads)
+    trainable = str(opts.episodes - _quiet(opts))
+    return {
+        "policy": {
+            "ARLOOP_BASE_MODEL": opts.model, "ARLOOP_THREADS": threads,
+            "ARLOOP_MAX_BATCH_SIZE": str(max(opts.users, 1)), "ARLOOP_BATCH_WINDOW_MS": "20",
+            "ARLOOP_MAX_TOKENS_CAP": str(opts.max_tokens), "ARLOOP_RELOAD_POLL_S": "1",
+            "ARLOOP_TOOL_FORMAT": "line",  # what the pack's worked example is sized for
+        },
+        "agents": {
+            "ARLOOP_PACKS": '["tutoring"]', "ARLOOP_POLICY_API_BASE": policy_url,
+            "ARLOOP_POLICY_TEMPERATURE": str(opts.temperature),
+            "ARLOOP_POLICY_MAX_TOKENS": str(opts.max_tokens), "ARLOOP_CANARY_SHARE": "0",
+            "ARLOOP_API_KEYS": f'["{API_KEY}"]', "ARLOOP_SECRET_KEY": secrets.token_hex(32),
+            "ARLOOP_RUN_RATE_PER_MINUTE": "100000", "ARLOOP_FEEDBACK_RATE_PER_MINUTE": "100000",
+            "OMP_NUM_THREADS": "1",
+        },
+        "learn": {
+            "ARLOOP_BASE_MODEL": opts.model, "OMP_NUM_THREADS": threads,
+            "ARLOOP_MIN_EPISODES": trainable, "ARLOOP_MAX_EPISODES_PER_ROUND": trainable,
+            "ARLOOP_ROUND_INTERVAL_S": "1e9", "ARLOOP_FEEDBACK_WINDOW_S": "30",
+            "ARLOOP_TRIM_INTERVAL_S": "1e9",  # the report reads every event back
+            "ARLOOP_READ_BLOCK_MS": "300", "ARLOOP_LEARNING_RATE": str(opts.learning_rate),
+            "ARLOOP_KL_COEF": str(opts.kl_coef), "ARLOOP_MICRO_BATCH_SIZE": "8",
+            "ARLOOP_EVAL_PACKS": '["tutoring"]', "ARLOOP_TUTORING_EVAL_SIZE": str(opts.eval_size),
+            "ARLOOP_POLICY_API_BASE": policy_url, "ARLOOP_EVAL_MAX_TOKENS": str(opts.max_tokens),
+            "ARLOOP_EVAL_CONCURRENCY": str(max(opts.users, 1)), "ARLOOP_CANARY": "false",
+            "ARLOOP_OPE_MAX_RUNS": "64",
+            "ARLOOP_TRAIN_AFTER_TOOL": "false",  # the tutor's answer turn copies the calculator
+        },
+    }  # fmt: skip
+
+
+def fresh_dir(opts: DemoOptions) -> Path:
+    folder = opts.data_dir or Path(".arloop") / f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
+    if folder.exists() and any(folder.iterdir()):
+        raise ValueError(f"data directory {folder} is not empty: the demo needs a fresh one")
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder.resolve()
+
+
+def run_demo(opts: DemoOptions, console: Console) -> tuple[Report, Path]:
+    """The demo; (report, report folder). StackError when a process fails (logs named)."""
+    from agents.packs.tutoring import tutoring_pack
+
+    started = time.monotonic()
+    data_dir = fresh_dir(opts)
+    pack = tutoring_pack("templates", opts.eval_size)
+    stack = Stack(data_dir, {})
+    stack.env = stack_env(opts, stack.policy_url)
+    seconds: dict[str, float] = {}
+    records: list[RoundRecord] = []
+    try:
+        client = redis.Redis.from_url(stack.start_redis())
+        registry = PolicyRegistry(client)
+        registry.ensure_base(opts.model)  # before the processes: they would race to create v0
+        console.print(f"[bold]arloop demo[/] in {data_dir} (logs in {stack.logs}); model "
+                      f"{opts.model}, {opts.rounds} rounds of {opts.episodes} runs")  # fmt: skip
+        stack.start()
+        timed(seconds, "start", stack.wait_ready, opts.phase_timeout_s)
+        for r in range(1, opts.rounds + 1):
+            records.append(_round(r, opts, stack, registry, pack, seconds, console))
+        if opts.closing_visit:  # students on the final champion, nothing learned from them
+            stack.stop_process("learn")  # idle between rounds: stopping it here loses nothing
+            records.append(_students(opts.rounds + 1, opts, stack, registry, pack, console,
+                                      "closing visit"))  # fmt: skip
+            seconds["closing visit"] = records[-1].seconds["traffic"]
+        report = build_report(client, pack)
+    finally:
+        with console.status("stopping the stack ..."):
+            stack.stop()
+    seconds["total"] = time.monotonic() - started
+    report.options = _jsonable(asdict(opts) | {"data_dir": str(data_dir)})
+    report.seconds = {k: round(v, 1) for k, v in seconds.items()}
+    report.rounds = [_round_summary(rec) for rec in records]
+    folder = opts.report_dir / f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
+    write_report(report, folder)
+    return report, folder
+
+
+def _round(
+    r: int,
+    opts: DemoOptions,
+    stack: Stack,
+    registry: PolicyRegistry,
+    pack: Pack,
+    seconds: dict[str, float],
+    console: Console,
+) -> RoundRecord:
+    """Traffic, then the learner's round and gate; the next round starts on the new champion."""
+    before = max(int(v.version[1:]) for v in registry.versions())
+    rec = _students(r, opts, stack, registry, pack, console, f"round {r}")
+    version, report = timed(rec.seconds, "learn+gate", wait_for_verdict, stack, registry, before,
+                            opts.phase_timeout_s, console, f"round {r}")  # fmt: skip
+    rec.version, rec.verdict, rec.reason = version, report["verdict"], report.get("reason", "")
+    console.print(f"round {r}: {version} {rec.verdict.upper()}: {rec.reason}")
+    if rec.verdict == "pass":
+        timed(rec.seconds, "reload", wait_for_serving, stack, version, 120.0, console)
+    for k, v in rec.seconds.items():
+        seconds[k] = seconds.get(k, 0.0) + v
+    return rec
+
+
+def _students(
+    r: int,
+    opts: DemoOptions,
+    stack: Stack,
+    registry: PolicyRegistry,
+    pack: Pack,
+    console: Console,
+    label: str,
+) -> RoundRecord:
+    """Round `r`'s simulated students on the current champion."""
+    champion = registry.resolve("champion")
+    tasks = round_tasks(pack.tasks("train"), opts.episodes // opts.group, opts.group,
+                        random.Random(f"{opts.seed}/{r}"))  # fmt: skip
+    rec = RoundRecord(r, champion, [])
+    rec.visits = timed(rec.seconds, "traffic", traffic, stack, API_KEY, pack, tasks,
+                       Behaviour(noise=opts.noise, delay_s=(0.0, 1.0)), users=opts.users,
+                       quiet=_quiet(opts), seed=opts.seed * 1000 + r, console=console,
+                       label=f"{label}: students on {champion}")  # fmt: skip
+    return rec
+
+
+def _round_summary(rec: RoundRecord) -> dict[str, Any]:
+    solved = sum(v.verdict.score >= 1.0 for v in rec.visits)
+    return {"round": rec.round, "served_by": rec.served_by, "runs": len(rec.visits),
+            "solved": solved, "version": rec.version, "verdict": rec.verdict,
+            "seconds": {k: round(v, 1) for k, v in rec.seconds.items()}}  # fmt: skip
+
+
+def _jsonable(d: dict[str, Any]) -> dict[str, Any]:
+    return {k: str(v) if isinstance(v, Path) else v for k, v in d.items()}
+
+
+def print_report(report: Report, folder: Path, console: Console) -> None:
+    table = Table(title="arloop demo: the policy by version")
+    for name in ("version", "parent", "gate", "held-out success (95% CI)", "thumbs-up",
+                 "user reward", "train reward", "KL to base", "answer tokens"):  # fmt: skip
+        table.add_column(name)
+    for row in report.versions:
+        table.add_row(*table_cells(row, report.champion))
+    console.print(table)
+    console.print(f"[bold]{headline(report)}[/]")
+    console.print(f"report: {folder}/report.md (json, plots beside it); "
+                  f"{report.seconds.get('total', 0):.0f} s in all")  # fmt: skip
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def main(opts: DemoOptions, *, tiny: bool = False) -> int:
+    """Entry point of `arloop demo`: exit 0 done, 1 a process failed, 130 interrupted."""
+    console = Console()
+    opts = quick(opts) if tiny else opts
+    if threading.current_thread() is threading.main_thread():  # `kill` stops it like Ctrl-C
+        signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        report, folder = run_demo(opts, console)
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted: every process was stopped[/]")
+        return 130
+    except (StackError, ValueError) as exc:
+        console.print(f"[red]arloop demo:[/] {exc}")
+        return 1
+    print_report(report, folder, console)
+    return 0
+
+
+__all__ = ["BASE_VERSION", "DemoOptions", "main", "quick", "run_demo"]
+
+
+def write_report(report: Report, folder: Path) -> list[Path]:
+    """report.json, report.md and the plots into `folder`; the paths written."""
+    from deploy.demo.plots import plot_all  # matplotlib: only when writing
+
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "report.json").write_text(json.dumps(report.to_dict(), indent=2))
+    (folder / "report.md").write_text(markdown(report))
+    return [folder / "report.json", folder / "report.md", *plot_all(report, folder)]

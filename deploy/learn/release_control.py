@@ -1,0 +1,110 @@
+"""Release control inside `arloop learn`: gate each new version, run the canary, act on both.
+
+After a round publishes vN as READY, the gate evaluates it against the champion
+(`deploy/learn/suite_runner.py`) and `learner.gate.release.apply_verdict` rejects it, or makes it the
+candidate (canary), or the champion (canary off). While a candidate is out no new round
+starts; every `canary_check_s` the controller (`learner/gate/canary.py`) compares live feedback
+per arm and promotes or rolls back. A version whose gate could not judge (policy server down)
+stays READY and is gated again later, so a crash or an outage never skips the gate.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from rich.console import Console
+
+from deploy.learn.suite_runner import gate_runner
+from deploy.settings import LearnerSettings
+from learner.gate import canary
+from learner.gate.eval_gate import ERROR
+from learner.policy.registry import CANDIDATE, AliasConflict, PolicyRegistry, VersionStatus
+from learner.gate.release import ReleaseError, apply_verdict
+from learner.store import Store
+
+log = logging.getLogger("arloop.release")
+
+
+class ReleaseControl:
+    """The gate and the canary, as the learner's loop drives them."""
+
+    def __init__(
+        self,
+        settings: LearnerSettings,
+        redis_url: str,
+        registry: PolicyRegistry,
+        store: Store,
+        console: Console,
+    ) -> None:
+        self.s, self.registry, self.console = settings, registry, console
+        self.store = store
+        self.gate = gate_runner(settings, redis_url, registry, store)
+        self.canary = canary.CanaryConfig(
+            alpha=settings.canary_alpha, margin=settings.canary_margin,
+            min_per_arm=settings.canary_min_per_arm, timeout_s=settings.canary_timeout_s,
+        )  # fmt: skip
+        self.last: str | None = None
+        self._next_check = 0.0
+        self._retry_at = 0.0
+
+    def canary_active(self) -> bool:
+        return CANDIDATE in self.registry.aliases()
+
+    def after_round(self, version: str) -> None:
+        """Gate the version a round just published."""
+        self._gate(version)
+
+    def tick(self) -> None:
+        """Check the canary when due; gate a READY version the gate has not judged yet."""
+        now = time.monotonic()
+        if now < self._next_check:
+            return
+        self._next_check = now + self.s.canary_check_s
+        if self.canary_active():
+            self._check_canary()
+        elif now >= self._retry_at:
+            pending = self.pending()
+            if pending:
+                self._gate(pending)
+
+    def pending(self) -> str | None:
+        """The newest READY version without a verdict (or whose gate errored), if any."""
+        for record in reversed(self.registry.versions()):
+            if record.status is VersionStatus.READY:
+                if record.report is None or record.report.get("verdict") == ERROR:
+                    return record.version
+                return None
+        return None
+
+    def _gate(self, version: str) -> None:
+        self.console.print(f"gating {version} against the champion ...")
+        try:
+            report = self.gate.evaluate(version)
+        except Exception as exc:
+            self._retry_at = time.monotonic() + max(self.s.canary_check_s, 30.0)
+            self._say(f"{version}: the gate failed ({type(exc).__name__}: {exc}); retried later")
+            log.exception("gate failed")
+            return
+        self.console.print(report.summary())
+        message = apply_verdict(self.registry, report, canary=self.s.canary, actor=self.s.consumer)
+        if report.verdict == ERROR:
+            self._retry_at = time.monotonic() + max(self.s.canary_check_s, 30.0)
+        self._say(message)
+
+    def _check_canary(self) -> None:
+        try:
+            status = canary.check(self.store, self.registry, self.canary)
+            if status is None:
+                return
+            if status.action == canary.CONTINUE:
+                self.last = status.line()  # shown in the status view, not a log line per check
+                return
+            self._say(canary.act(self.registry, status, self.s.consumer))
+        except (AliasConflict, ReleaseError) as exc:
+            self._say(f"canary: {exc}")
+
+    def _say(self, message: str) -> None:
+        self.last = message
+        self.console.print(message)
+        log.info(message)

@@ -1,0 +1,296 @@
+"""`arloop learn`: the learner process. Reads the streams, runs rounds, publishes versions.
+
+A round starts when `min_episodes` trainable episodes wait, or when `round_interval_s` has
+passed since the last one and any episode waits; `--once` runs one round now (if anything is
+trainable) and exits. SIGTERM / Ctrl-C stop between steps: a round not yet committed is
+abandoned (its episodes stay trainable), so stopping never loses or doubles anything.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import signal
+import sqlite3
+import threading
+import time
+from pathlib import Path
+
+import redis
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+
+from deploy.embedded_redis import RedisUnavailable, ensure_redis
+from deploy.settings import LearnerSettings
+from learner.publish import recover
+from learner.policy.registry import CANDIDATE, CHAMPION, PolicyRegistry
+from learner.rounds import RoundAborted, RoundConfig, RoundResult, run_round
+from learner.store import Store
+from learner.train_step import TrainConfig
+from learner.trajectory_source import TrajectorySource
+
+log = logging.getLogger("arloop.learner")
+
+
+class LearnerConfigError(RuntimeError):
+    """The settings contradict what is already in Redis or on disk; the message names the fix."""
+
+
+def round_config(s: LearnerSettings) -> RoundConfig:
+    """The round's plain configuration from the process settings."""
+    train = TrainConfig(
+        lr=s.learning_rate, full_finetune=s.full_finetune, lora_rank=s.lora_rank,
+        lora_alpha=s.lora_alpha, clip_eps=s.clip_eps, kl_coef=s.kl_coef,
+        micro_batch_size=s.micro_batch_size, dpo_beta=s.dpo_beta,
+    )  # fmt: skip
+    return RoundConfig(
+        base_model=s.base_model, checkpoints_dir=s.data_dir / "checkpoints", train=train,
+        feedback_window_s=s.feedback_window_s, silence_reward=s.silence_reward,
+        max_user_reward_share=s.max_user_reward_share, baseline=s.baseline,
+        normalise_rewards=s.normalise_rewards, max_episodes=s.max_episodes_per_round,
+        epochs=s.epochs, batch_size=s.micro_batch_size * s.grad_accum_steps, actor=s.consumer,
+        promote=not s.eval_packs,  # with an eval gate, the release flow moves the aliases
+        train_after_tool=s.train_after_tool,
+    )  # fmt: skip
+
+
+def summary_line(r: RoundResult) -> str:
+    """One line per round: version, episodes, reward mean, kl, loss, time."""
+    m = r.metrics
+    if r.published.champion:
+        where = "champion"
+    elif r.published.conflict:
+        where = "published, NOT champion (alias moved)"
+    else:
+        where = "ready for the eval gate"
+    return (
+        f"{r.version} <- {r.parent}  episodes {r.episodes}  samples {r.samples}  pairs {r.pairs}"
+        f"  reward {_f(r.reward_mean)}  kl {_f(m.get('kl', math.nan), 4)}"
+        f"  loss {_f(m.get('loss', m.get('dpo/loss', math.nan)), 4)}  {r.seconds:.1f}s  {where}"
+    )
+
+
+def _f(x: float, digits: int = 3) -> str:
+    return "-" if x is None or math.isnan(x) else f"{x:+.{digits}f}"
+
+
+class Learner:
+    """The learner's main loop and its state for the status display."""
+
+    def __init__(self, settings: LearnerSettings, console: Console | None = None) -> None:
+        self.s = settings
+        self.console = console or Console()
+        self.redis_url = ensure_redis(settings.redis_url, settings.data_dir)
+        self.redis = redis.Redis.from_url(self.redis_url)
+        self.store = Store(Path(settings.data_dir) / "learner" / "store.db")
+        self.registry = PolicyRegistry(self.redis)
+        self.source = TrajectorySource(
+            self.redis, self.store, settings.consumer, max_deliveries=settings.max_deliveries,
+            claim_idle_ms=settings.claim_idle_ms, block_ms=settings.read_block_ms,
+            count=settings.read_count,
+        )  # fmt: skip
+        self.config = round_config(settings)
+        self.release = None
+        if settings.eval_packs:
+            from deploy.learn.suite_runner import SuiteMissing  # the gate's imports: only with one
+            from deploy.learn.release_control import ReleaseControl
+
+            try:
+                self.release = ReleaseControl(settings, self.redis_url, self.registry,
+                                              self.store, self.console)  # fmt: skip
+            except SuiteMissing as exc:
+                raise LearnerConfigError(f"{exc}; fix ARLOOP_EVAL_PACKS") from exc
+        self.stopping = threading.Event()
+        self.last: RoundResult | None = None
+        self.last_error: str | None = None
+        self._last_round = self._last_trim = time.monotonic()
+        self._retry_at = 0.0  # after a failed round, wait before the next try
+
+    def start(self) -> None:
+        """Groups, the base version, and recovery of a publish a crash interrupted."""
+        self.source.ensure_groups()
+        base = self.registry.ensure_base(self.s.base_model)
+        if base.base_model != self.s.base_model:
+            raise LearnerConfigError(
+                f"this registry's base model is {base.base_model!r} but ARLOOP_BASE_MODEL is "
+                f"{self.s.base_model!r}: set it back, or use a fresh Redis and data directory"
+            )
+        where = self.redis.connection_pool.connection_kwargs
+        self.console.print(
+            f"learning from redis {where.get('host')}:{where.get('port')} as {self.s.consumer} "
+            f"(base {self.s.base_model}, data {self.s.data_dir})"
+        )
+        rec = recover(self.store, self.registry, self.config.checkpoints_dir, self.s.consumer,
+                      promote=self.release is None)  # fmt: skip
+        for p in rec.registered:
+            self.console.print(f"recovered {p.version}: committed before a crash, now registered")
+        if self.release is None:
+            self.console.print("no eval gate configured (ARLOOP_EVAL_PACKS is empty): each "
+                               "round's version becomes champion directly")  # fmt: skip
+        else:
+            self.console.print(f"eval gate: {self.release.gate.suites.suite} against "
+                               f"{self.s.policy_api_base}; canary {'on' if self.s.canary else 'off'}")
+
+    def run(self, once: bool = False) -> int:
+        """The loop; returns the process exit code."""
+        self.start()
+        with _stop_on_signals(self.stopping), self._display() as live:
+            while not self.stopping.is_set():
+                caught_up = self.poll()
+                if self.release is not None and not once:
+                    self.release.tick()
+                if caught_up and (once or self.round_due()):
+                    ok = self._round()
+                    if once:
+                        return 0 if ok else 1
+                if live is not None:
+                    self._refresh(live)
+        self.console.print("learner stopped")
+        return 0
+
+    # -- the steps -------------------------------------------------------------------------
+
+    def poll(self) -> bool:
+        """One batch from the streams into the store (and a trim now and then); caught up?"""
+        try:
+            result = self.source.poll()
+            if time.monotonic() - self._last_trim > self.s.trim_interval_s:
+                self.source.trim()
+                self._last_trim = time.monotonic()
+        except (redis.RedisError, sqlite3.Error) as exc:  # entries stay pending: retried later
+            self.last_error = f"reading the streams: {exc}"
+            log.warning(self.last_error)
+            time.sleep(1.0)
+            return False
+        return result.caught_up
+
+    def _trainable(self) -> int:
+        c = self.store.open_counts(time.time(), self.s.feedback_window_s)
+        return c["with_feedback"] + (c["window_closed"] if self.s.silence_reward is not None else 0)
+
+    def round_due(self) -> bool:
+        if time.monotonic() < self._retry_at:
+            return False
+        if self.release is not None and self.release.canary_active():
+            return False  # one candidate at a time: learning resumes once the canary decides
+        waiting = self._trainable()
+        interval = time.monotonic() - self._last_round >= self.s.round_interval_s
+        return waiting >= self.s.min_episodes or (waiting > 0 and interval)
+
+    def _round(self) -> bool:
+        """One round; errors are reported and the loop goes on (the events stay trainable)."""
+        self._last_round = time.monotonic()
+        try:
+            result = run_round(self.store, self.registry, self.config,
+                               should_stop=self.stopping.is_set)  # fmt: skip
+        except RoundAborted as exc:
+            self.console.print(str(exc))
+            return False
+        except Exception as exc:  # noqa: BLE001 - reported; the episodes stay trainable
+            self.last_error = f"round failed: {exc}"
+            self.console.print(f"[red]{self.last_error}[/]")
+            log.exception("round failed")
+            self._retry_at = time.monotonic() + min(self.s.round_interval_s, 60.0)
+            return False
+        if result is None:
+            self.console.print("nothing trainable: no round")
+            return True
+        self.last = result
+        self.console.print(summary_line(result))
+        if result.published.conflict:
+            self.console.print(f"[yellow]{result.published.conflict}[/]")
+        if self.release is not None:
+            self.release.after_round(result.version)
+        return True
+
+    # -- display ---------------------------------------------------------------------------
+
+    def status_view(self) -> Table:
+        """The live status: stream backlog, episodes, dead letters, champion, last round."""
+        c = self.store.open_counts(time.time(), self.s.feedback_window_s)
+        counts = self.store.counts()
+        let_go = {
+            k.split("/")[1]: v for k, v in counts.items() if not k.endswith(("open", "trained"))
+        }
+        table = Table(title="arloop learn", show_header=False, box=None)
+        table.add_row("pending in redis", str(self.source.pending()))
+        table.add_row("episodes", f"{c['with_feedback']} with feedback, {c['waiting']} waiting, "
+                      f"{c['window_closed']} window closed")  # fmt: skip
+        table.add_row("trained events", str(counts.get("trajectories/trained", 0)
+                                              + counts.get("feedback/trained", 0)))  # fmt: skip
+        table.add_row("let go", ", ".join(f"{k} {v}" for k, v in sorted(let_go.items())) or "-")
+        table.add_row("dead letters", str(self.source.dead_total))
+        aliases = self.registry.aliases()
+        table.add_row("champion", aliases.get(CHAMPION, "-"))
+        if self.release is not None:
+            table.add_row("candidate", aliases.get(CANDIDATE, "-"))
+            table.add_row("release", self.release.last or "-")
+        table.add_row("last round", summary_line(self.last) if self.last else "-")
+        if self.last_error:
+            table.add_row("last error", f"[red]{self.last_error}[/]")
+        return table
+
+    def _refresh(self, live: Live) -> None:
+        try:
+            live.update(self.status_view())
+        except redis.RedisError as exc:
+            self.last_error = f"redis: {exc}"
+
+    def _display(self):
+        if not self.console.is_terminal:
+            return _NoLive()
+        return Live(Group(self.status_view()), console=self.console, refresh_per_second=2)
+
+
+class _NoLive:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+class _stop_on_signals:
+    """SIGTERM and the first Ctrl-C set `stop`; a second Ctrl-C interrupts at once."""
+
+    def __init__(self, stop: threading.Event) -> None:
+        self.stop = stop
+        self.saved: dict[int, object] = {}
+
+    def _handler(self, signum: int, frame: object) -> None:
+        self.stop.set()
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    def __enter__(self) -> None:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self.saved[sig] = signal.signal(sig, self._handler)
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self.saved.items():
+            signal.signal(sig, handler)
+
+
+def main(once: bool = False) -> int:
+    """Entry point of `arloop learn`: settings from ARLOOP_*, errors as messages, exit code."""
+    from pydantic import ValidationError
+
+    from learner.policy.models import ModelNotFound
+
+    console = Console(soft_wrap=True)  # one line per round, also in a log file
+    try:
+        settings = LearnerSettings()
+        logging.basicConfig(level=settings.log_level.upper())
+        return Learner(settings, console).run(once=once)
+    except ValidationError as exc:
+        console.print(f"[red]arloop learn: invalid ARLOOP_* setting:[/]\n{exc}")
+    except (RedisUnavailable, ModelNotFound, LearnerConfigError) as exc:
+        console.print(f"[red]arloop learn:[/] {exc}")
+    return 2
+
+
+if __name__ == "__main__":
+    import sys
+
+    raise SystemExit(main(once="--once" in sys.argv[1:]))

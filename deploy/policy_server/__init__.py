@@ -1,0 +1,1 @@
+"""The policy server process (`arloop serve policy`): OpenAI-compatible chat completions over the registry's versions."""

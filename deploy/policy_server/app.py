@@ -1,0 +1,336 @@
+"""The policy server: OpenAI-compatible chat completions over the registry's versions.
+
+`POST /v1/chat/completions` (tools, logprobs, n, seed, stop, streaming, token ids),
+`GET /v1/models`, `GET /healthz`, `GET /metrics`. Model names: `arloop` (the champion),
+`arloop@candidate`, `arloop@v7`; `system_fingerprint` names the version that answered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+import torch
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.background import BackgroundTask
+
+from deploy.policy_server.openai_wire import (
+    ApiError,
+    ChatRequest,
+    completion_body,
+    error_param,
+    prepare,
+    target_of,
+    tool_format_of,
+)
+from deploy.policy_server.engine import FinishEvent, GenerationEngine, Row
+from deploy.policy_server.metrics import PolicyMetrics
+from deploy.policy_server.stream import ChoiceStream, ChunkWriter, sse
+from deploy.policy_server.versions import LoadedPolicy, Loader, VersionManager, VersionUnavailable
+from deploy.settings import PolicyServerSettings
+from learner.policy.registry import UnknownVersion, VersionStatus
+
+log = logging.getLogger(__name__)
+CHAT_PATH = "/v1/chat/completions"
+
+
+@dataclass
+class ServerState:
+    settings: PolicyServerSettings
+    versions: VersionManager
+    engine: GenerationEngine
+    metrics: PolicyMetrics
+
+
+def create_app(
+    settings: PolicyServerSettings,
+    *,
+    client: redis.Redis | None = None,
+    loader: Loader | None = None,
+) -> FastAPI:
+    """The app; its lifespan loads the serving versions and starts the batching engine."""
+    if client is None and not settings.redis_url:
+        raise ValueError("PolicyServerSettings.redis_url is unset: resolve it with ensure_redis()")
+
+    metrics = PolicyMetrics()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        redis_client = client or redis.Redis.from_url(settings.redis_url)
+        threads = torch.get_num_threads()
+        if settings.threads:
+            torch.set_num_threads(settings.threads)  # process-wide: restored at shutdown
+        versions = VersionManager(
+            redis_client,
+            base_model=settings.base_model,
+            device=settings.device,
+            max_loaded=settings.max_loaded_versions,
+            poll_s=settings.reload_poll_s,
+            context_length=settings.context_length,
+            metrics=metrics,
+            loader=loader,
+        )
+        await asyncio.to_thread(versions.start)
+        engine = GenerationEngine(
+            settings.max_batch_size,
+            settings.batch_window_ms / 1000,
+            on_batch=metrics.batch_rows.observe,
+            prefix_entries=settings.prefix_cache,
+        )
+        engine.start()
+        app.state.policy = ServerState(settings, versions, engine, metrics)
+        try:
+            yield
+        finally:
+            engine.stop()
+            versions.stop()
+            torch.set_num_threads(threads)
+
+    app = FastAPI(title="arloop policy server", lifespan=lifespan)
+    _install_errors(app)
+    app.add_middleware(_CountRequests, metrics=metrics)
+    app.post(CHAT_PATH)(chat_completions)
+    app.get("/v1/models")(list_models)
+    app.get("/healthz")(healthz)
+    app.get("/metrics")(metrics_text)
+    return app
+
+
+async def chat_completions(req: ChatRequest, request: Request):
+    """OpenAI's chat completions; `stream: true` answers with server-sent events."""
+    st: ServerState = request.app.state.policy
+    policy = await _lease(st, target_of(req.model, st.settings.served_name))
+    try:
+        prompt_ids, params = prepare(req, policy.tokenizer, policy.context, st.settings)
+    except BaseException:
+        st.versions.release(policy)
+        raise
+    st.metrics.prompt_tokens.inc(len(prompt_ids))
+    run = _Run(st, policy, prompt_ids, params, stream=req.stream)
+    request_id = f"chatcmpl-{secrets.token_hex(12)}"
+    if req.stream:
+        # close() runs when the stream ends, and again (a no-op) after the response: a client
+        # that leaves before the first chunk never starts the generator, so never runs its finally.
+        events = _stream(req, run, request_id)
+        return StreamingResponse(
+            events, media_type="text/event-stream", background=BackgroundTask(run.close)
+        )
+    try:
+        finishes = await run.finishes()
+    finally:
+        run.close()
+    failed = [f for f in finishes if f.finish_reason == "error"]
+    if failed:
+        raise ApiError(500, f"generation failed: {failed[0].error}", code="generation_error")
+    return completion_body(
+        req,
+        request_id=request_id,
+        version=policy.version,
+        tokenizer=policy.tokenizer,
+        prompt_ids=prompt_ids,
+        finishes=finishes,
+        tool_format=tool_format_of(st.settings),
+    )
+
+
+async def list_models(request: Request) -> dict[str, Any]:
+    """The model names clients may send: the aliases served and every usable version."""
+    st: ServerState = request.app.state.policy
+    name = st.settings.served_name
+    records = await asyncio.to_thread(st.versions.registry.versions)
+    ids = [name] + [f"{name}@{alias}" for alias in st.versions.serving()]
+    ids += [f"{name}@{r.version}" for r in records if r.status is not VersionStatus.BROKEN]
+    return {
+        "object": "list",
+        "data": [{"id": i, "object": "model", "created": 0, "owned_by": "arloop"} for i in ids],
+    }
+
+
+async def healthz(request: Request) -> dict[str, Any]:
+    st: ServerState = request.app.state.policy
+    return {"status": "ok", "serving": st.versions.serving(), "loaded": st.versions.loaded()}
+
+
+async def metrics_text(request: Request) -> PlainTextResponse:
+    st: ServerState = request.app.state.policy
+    return PlainTextResponse(generate_latest(st.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+class _Run:
+    """One request's rows in the engine, the queue their events come back on, and its lease."""
+
+    def __init__(self, st: ServerState, policy: LoadedPolicy, prompt_ids, params, stream: bool):
+        loop = asyncio.get_running_loop()
+        self.st, self.policy, self.finished = st, policy, []
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self._closed = False
+
+        def emit(event) -> None:
+            try:
+                loop.call_soon_threadsafe(self.queue.put_nowait, event)
+            except RuntimeError:  # the loop is gone (shutdown): nobody is listening
+                pass
+
+        self.rows = [
+            Row(policy, prompt_ids, p, emit, index=i, stream=stream) for i, p in enumerate(params)
+        ]
+        st.engine.submit(self.rows)
+
+    async def events(self) -> AsyncIterator[Any]:
+        pending = len(self.rows)
+        while pending:
+            event = await self.queue.get()
+            if isinstance(event, FinishEvent):
+                pending -= 1
+                self.finished.append(event)
+            yield event
+
+    async def finishes(self) -> list[FinishEvent]:
+        return [e async for e in self.events() if isinstance(e, FinishEvent)]
+
+    def close(self) -> None:
+        """Stop rows nobody waits for, count tokens, end the lease; safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        for row in self.rows:
+            row.cancelled = row.finish_reason is None
+        generated = sum(len(f.token_ids) for f in self.finished)
+        self.st.metrics.generated_tokens.labels(version=self.policy.version).inc(generated)
+        self.st.versions.release(self.policy)
+
+
+async def _stream(req: ChatRequest, run: _Run, rid: str):
+    writer = ChunkWriter(req, rid, run.policy.version)
+    fmt = tool_format_of(run.st.settings)
+    choices = [ChoiceStream(req, i, run.policy.tokenizer, fmt) for i in range(len(run.rows))]
+    extra = {"prompt_token_ids": run.rows[0].prompt_ids} if req.return_token_ids else {}
+    try:
+        yield writer.chunk([c.first() for c in choices], **extra)
+        async for ev in run.events():
+            if not isinstance(ev, FinishEvent):
+                delta = choices[ev.index].on_token(ev)
+                if delta is not None:
+                    yield writer.chunk([delta])
+                continue
+            if ev.finish_reason == "error":
+                yield sse(ApiError(500, f"generation failed: {ev.error}").body())
+                break
+            for delta in choices[ev.index].on_finish(ev):
+                yield writer.chunk([delta])
+        if req.stream_options and req.stream_options.include_usage:
+            completion = sum(len(f.token_ids) for f in run.finished)
+            usage = {
+                "prompt_tokens": len(run.rows[0].prompt_ids),
+                "completion_tokens": completion,
+                "total_tokens": len(run.rows[0].prompt_ids) + completion,
+            }
+            yield writer.chunk([], usage=usage)
+        yield sse("[DONE]")
+    finally:
+        run.close()  # also when the client left early: stop generating for it
+
+
+async def _lease(st: ServerState, target: str) -> LoadedPolicy:
+    policy = st.versions.acquire_loaded(target)
+    if policy is not None:
+        return policy
+    try:
+        return await asyncio.to_thread(st.versions.acquire, target)
+    except UnknownVersion:
+        raise ApiError(
+            404,
+            f"version {target!r} does not exist in the policy registry",
+            param="model",
+            code="model_not_found",
+        ) from None
+    except VersionUnavailable as exc:
+        raise ApiError(404, str(exc), param="model", code="model_not_found") from None
+
+
+def _install_errors(app: FastAPI) -> None:
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = exc.errors()
+        if any(e.get("type") == "json_invalid" for e in errors):
+            body = ApiError(400, "the request body is not valid JSON", param="body").body()
+            return JSONResponse(body, status_code=400)
+        first = max(errors, key=lambda e: len(e.get("loc", ())))  # the deepest: most specific
+        param = error_param(tuple(first.get("loc", ())))
+        message = f"invalid request: {param}: {first.get('msg', 'invalid value')}"
+        return JSONResponse(ApiError(400, message, param=param).body(), status_code=400)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unexpected error on %s", request.url.path)
+        body = ApiError(500, f"internal error: {type(exc).__name__}: {exc}").body()
+        return JSONResponse(body, status_code=500)
+
+
+class _CountRequests:
+    """ASGI middleware: chat requests by status code and their duration (streams included)."""
+
+    def __init__(self, app, metrics: PolicyMetrics) -> None:
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http" or scope["path"] != CHAT_PATH:
+            return await self.app(scope, receive, send)
+        started, status = time.monotonic(), [500]
+
+        async def watch(message) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watch)
+        finally:
+            self.metrics.requests.labels(code=str(status[0])).inc()
+            self.metrics.request_seconds.observe(time.monotonic() - started)
+
+
+def serve() -> None:
+    """`arloop serve policy`: settings from ARLOOP_*, Redis (embedded if unset), then uvicorn."""
+    import uvicorn
+
+    from deploy.embedded_redis import ensure_redis
+
+    settings = PolicyServerSettings()
+    logging.basicConfig(
+        level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s"
+    )
+    url = ensure_redis(settings.redis_url, settings.data_dir)
+    settings = settings.model_copy(update={"redis_url": url})
+    log.info(
+        "policy server on http://%s:%d/v1 (redis %s, base %s, tool format %s)",
+        settings.host,
+        settings.port,
+        url,
+        settings.base_model,
+        tool_format_of(settings),
+    )
+    uvicorn.run(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level.lower(),
+    )
+
+
+if __name__ == "__main__":
+    serve()

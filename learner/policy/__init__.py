@@ -1,0 +1,1 @@
+"""What the serving side also needs of the learner: the policy registry, model loading, chat formats."""

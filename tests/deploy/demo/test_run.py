@@ -1,0 +1,118 @@
+"""`arloop demo --quick`: the whole loop on the tiny model, one round, real processes.
+
+After the demo has stopped its stack, its Redis is started again on the demo's data directory
+(append-only file) and every figure of the report is recomputed from what is there.
+"""
+
+import io
+import json
+import random
+from collections import Counter
+
+import pytest
+import redis
+from rich.console import Console
+
+from agents.events import STREAM_EVAL_TRAJECTORIES, STREAM_FEEDBACK, STREAM_TRAJECTORIES, decode
+from agents.packs.tutoring import tutoring_pack
+from deploy.demo.run import DemoOptions, main, quick, run_demo
+from deploy.demo.report import headline
+from deploy.demo.rounds import round_tasks
+from deploy.embedded_redis import start_redis
+from learner.policy.registry import CHAMPION, PolicyRegistry
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    root = tmp_path_factory.mktemp("demo")
+    opts = quick(DemoOptions(report_dir=root / "reports", data_dir=root / "data", seed=3))
+    out = io.StringIO()
+    report, folder = run_demo(opts, Console(file=out, width=160))
+    server = start_redis(root / "data" / "redis")
+    client = redis.Redis.from_url(server.url)
+    yield report, folder, client, out.getvalue()
+    client.close()
+    server.stop()
+
+
+def events(client, stream):
+    return [decode(fields) for _, fields in client.xrange(stream)]
+
+
+def test_the_report_is_written_with_its_plots(demo):
+    report, folder, _, said = demo
+    assert {p.name for p in folder.iterdir()} >= {"report.json", "report.md", "kl.png",
+                                                   "length.png", "success_reward.png"}  # fmt: skip
+    assert all((folder / n).stat().st_size > 1000 for n in ("kl.png", "success_reward.png"))
+    saved = json.loads((folder / "report.json").read_text())
+    assert [v["version"] for v in saved["versions"]] == ["v0", "v1"]
+    assert saved["rounds"][0]["served_by"] == "v0" and saved["rounds"][0]["runs"] == 8
+    closing = saved["rounds"][-1]  # the students' closing visit on the final champion
+    assert len(saved["rounds"]) == 2 and closing["served_by"] == saved["champion"]
+    assert closing["runs"] == 8 and closing["version"] is None and "closing visit" in said
+    markdown = (folder / "report.md").read_text()
+    assert "| v1 " in markdown and headline(report) in markdown
+    assert "round 1" in said  # progress was shown
+
+
+def test_versions_and_verdicts_match_the_registry(demo):
+    _, folder, client, _ = demo
+    registry = PolicyRegistry(client)
+    saved = json.loads((folder / "report.json").read_text())
+    assert {v.version for v in registry.versions()} == {r["version"] for r in saved["versions"]}
+    assert registry.aliases()[CHAMPION] == saved["champion"]
+    v1 = next(r for r in saved["versions"] if r["version"] == "v1")
+    gate = registry.get("v1").report
+    assert gate is not None and (gate["verdict"], gate["reason"]) == (v1["verdict"], v1["reason"])
+    assert v1["status"] == registry.get("v1").status.value
+    assert v1["train_reward"] == registry.get("v1").metrics["reward"]
+
+
+def test_traffic_and_eval_figures_are_what_redis_holds(demo):
+    _, folder, client, _ = demo
+    saved = {r["version"]: r for r in json.loads((folder / "report.json").read_text())["versions"]}
+    runs = events(client, STREAM_TRAJECTORIES)
+    served = Counter(t.policy_version for t in runs)
+    assert served == Counter({v: r["traffic_runs"] for v, r in saved.items() if r["traffic_runs"]})
+    by_run = {t.trajectory_id: t.policy_version for t in runs}
+    thumbs = [f for f in events(client, STREAM_FEEDBACK) if f.kind.value == "thumbs"]
+    for v, row in saved.items():
+        mine = [f.value for f in thumbs if by_run.get(f.trajectory_id) == v]
+        assert (row["thumbs_up"], row["thumbs_down"]) == (mine.count(1), mine.count(-1)), v
+    pack = tutoring_pack("templates", 6)
+    tasks = {t.id: t for t in pack.tasks("eval")}
+    solved: dict[str, dict[str, bool]] = {}
+    for t in events(client, STREAM_EVAL_TRAJECTORIES):
+        task = tasks[t.metadata["arloop.task"]]
+        solved.setdefault(t.metadata["arloop.eval"], {})[task.id] = pack.verify(task, t.output) >= 1
+    for v, row in saved.items():
+        assert (row["eval_solved"], row["eval_n"]) == (sum(solved[v].values()), 6), v
+
+
+def test_a_used_data_directory_is_refused(tmp_path, capsys):
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "something").write_text("x")
+    opts = DemoOptions(report_dir=tmp_path / "reports", data_dir=tmp_path / "data")
+    assert main(opts, tiny=True) == 1
+    assert "not empty" in capsys.readouterr().out
+
+
+def test_the_closing_visit_is_logged_but_not_learned_from(demo):
+    _, folder, client, _ = demo
+    closing = json.loads((folder / "report.json").read_text())["rounds"][-1]
+    users = f"r{3 * 1000 + closing['round']}-"  # the demo's traffic prefix for that round
+    runs = [t for t in events(client, STREAM_TRAJECTORIES) if t.user_id.startswith(users)]
+    assert len(runs) == closing["runs"] == 8
+    assert {t.policy_version for t in runs} == {closing["served_by"]}
+    rated = {f.trajectory_id for f in events(client, STREAM_FEEDBACK)}
+    assert rated & {t.trajectory_id for t in runs}  # its feedback is in Redis, for later
+    assert {v.version for v in PolicyRegistry(client).versions()} == {"v0", "v1"}  # not trained
+
+
+def test_a_round_spreads_its_problems_over_the_kinds_in_groups():
+    tasks = round_tasks(tutoring_pack().tasks("train"), 10, 4, random.Random(5))
+    problems = [tasks[i] for i in range(0, len(tasks), 4)]
+    assert len(tasks) == 40 and all(tasks[i].id == tasks[i - i % 4].id for i in range(40))
+    counts = Counter(t.meta["kind"] for t in problems)
+    assert set(counts) == {"add", "sub", "mul", "div"} and set(counts.values()) == {2, 3}
+    assert len({t.id for t in problems}) == 10

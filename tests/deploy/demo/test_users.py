@@ -1,0 +1,182 @@
+"""Simulated users against the real agent API (real HTTP, real Redis, a scripted model)."""
+
+import asyncio
+import json
+import random
+import re
+
+import pytest
+
+from agents.events import STREAM_FEEDBACK, STREAM_TRAJECTORIES, decode
+from agents.packs import get_pack, load_packs
+from deploy.demo.users import (
+    AgentClient,
+    Behaviour,
+    Verdict,
+    correction_text,
+    feedback_for,
+    judge,
+    run_traffic,
+)
+from tests.fakes.api import API_KEY, start_api  # noqa: F401 - the fixture
+from tests.fakes.scripted_llm import Reply
+
+EVERYTHING = Behaviour(thumbs=1.0, rating=1.0, outcome=1.0, correction=1.0, noise=0.0, silence=0.0)
+
+
+@pytest.fixture(scope="module")
+def tutoring():
+    return get_pack("tutoring")
+
+
+def student_model(wrong: set[str] = frozenset(), no_tool: set[str] = frozenset(), pad: bool = False):
+    """A scripted tutor: the calculator on the problem's numbers (wrong op for `wrong`), then `####`."""
+    problems = {t.input: t for t in get_pack("tutoring").tasks("train")[:40]}
+
+    def respond(request) -> Reply:
+        messages = request["messages"]
+        question = messages[-1]["content"] if messages[-1]["role"] == "user" else None
+        if question is not None:
+            task = next(t for q, t in problems.items() if _same(q, question))
+            if task.id in no_tool:
+                return Reply(content=f"The answer is {task.reference}.\n#### {task.reference}")
+            a, b = re.findall(r"\d+", task.meta["expression"])
+            op = "+" if task.id in wrong and "+" not in task.meta["expression"] else "-"
+            expression = task.meta["expression"] if task.id not in wrong else f"{a}{op}{b}"
+            return Reply(tool_calls=[("calculator", json.dumps({"expression": expression}))])
+        result = messages[-1]["content"]
+        filler = " Let me explain every step of this again in great detail." * 8 if pad else ""
+        return Reply(content=f"The answer is {result}.{filler}\n#### {result}")
+
+    return respond
+
+
+def _same(original: str, scrubbed: str) -> bool:
+    """The API scrubs names before the model sees the question: compare around them."""
+    return re.sub(r"^\w+|\b[A-Z]\w+ have\b", "", original) == re.sub(
+        r"^\[NAME\]|\[NAME\] have\b", "", scrubbed)  # fmt: skip
+
+
+def traffic(api, pack, tasks, behaviour, **kwargs):
+    async def go():
+        client = AgentClient(api.server.url, API_KEY)
+        try:
+            return await run_traffic(client, pack, tasks, behaviour, concurrency=4, **kwargs)
+        finally:
+            await client.aclose()
+
+    return asyncio.run(go())
+
+
+def stream(redis_client, name):
+    return [decode(fields) for _, fields in redis_client.xrange(name)]
+
+
+def test_students_rate_right_answers_up_and_wrong_ones_down(start_api, llm, tutoring, redis_client):
+    tasks = tutoring.tasks("train")[:6]
+    llm.responder = student_model(wrong={tasks[1].id, tasks[4].id})
+    api = start_api(specs=load_packs(["tutoring"]))
+    visits = traffic(api, tutoring, tasks, EVERYTHING)
+    assert [v.task.id for v in visits] == [t.id for t in tasks]
+    got = {}
+    for f in stream(redis_client, STREAM_FEEDBACK):
+        got.setdefault(f.trajectory_id, {})[f.kind.value] = f.value if f.value is not None else f.text
+    for i, v in enumerate(visits):
+        assert v.tools == ["calculator"] and v.policy_version
+        if i in (1, 4):
+            assert v.verdict.score == 0.0
+            assert got[v.trajectory_id] == {"thumbs": -1, "rating": 1, "outcome": 0.0,
+                                            "correction": correction_text(v.task)}  # fmt: skip
+        else:
+            assert v.verdict.score == 1.0
+            assert got[v.trajectory_id] == {"thumbs": 1, "rating": 5, "outcome": 1.0}
+    runs = {t.event_id: t for t in stream(redis_client, STREAM_TRAJECTORIES)}
+    assert set(runs) == {v.trajectory_id for v in visits}
+    assert all(runs[v.trajectory_id].user_id == v.user_id for v in visits)
+
+
+def test_a_missed_tool_and_padding_each_cost_a_star(start_api, llm, tutoring):
+    tasks = tutoring.tasks("train")[:2]
+    llm.responder = student_model(no_tool={tasks[0].id}, pad=True)
+    api = start_api(specs=load_packs(["tutoring"]))
+    plain, padded = traffic(api, tutoring, tasks, EVERYTHING)
+    assert plain.tools == [] and plain.verdict.satisfaction == 0.75
+    assert padded.verdict.padded and padded.verdict.satisfaction == 0.75
+    assert ("thumbs", 1) in plain.feedback and ("rating", 4) in plain.feedback
+    assert ("rating", 4) in padded.feedback
+
+
+def test_silent_users_send_nothing_and_the_rest_send_at_least_a_thumb(start_api, llm, tutoring,
+                                                                      redis_client):  # fmt: skip
+    tasks = tutoring.tasks("train")[:6]
+    llm.responder = student_model()
+    api = start_api(specs=load_packs(["tutoring"]))
+    sparse = Behaviour(thumbs=0.0, rating=0.0, outcome=0.0, correction=0.0, noise=0.0)
+    visits = traffic(api, tutoring, tasks, sparse, silent={0, 3})
+    assert [v.silent for v in visits] == [True, False, False, True, False, False]
+    fed = [f.trajectory_id for f in stream(redis_client, STREAM_FEEDBACK)]
+    assert sorted(fed) == sorted(v.trajectory_id for v in visits if not v.silent)
+    assert all(v.feedback == [("thumbs", 1)] for v in visits if not v.silent)
+
+
+def test_feedback_waits_for_the_delay(start_api, llm, tutoring, redis_client):
+    llm.responder = student_model()
+    api = start_api(specs=load_packs(["tutoring"]))
+    late = Behaviour(noise=0.0, silence=0.0, delay_s=(0.4, 0.4))
+    (visit,) = traffic(api, tutoring, tutoring.tasks("train")[:1], late)
+    (run,) = stream(redis_client, STREAM_TRAJECTORIES)
+    first = min(f.created_at for f in stream(redis_client, STREAM_FEEDBACK))
+    assert first - run.finished_at >= 0.4
+
+
+def _verdict(score=1.0, used_tool=True, flag=False, padded=False):
+    return Verdict(score, used_tool, True, flag, padded)
+
+
+def test_noise_flips_judgements():
+    t = get_pack("tutoring").tasks("train")[0]
+    always = Behaviour(rating=0.0, outcome=1.0, correction=0.0, noise=1.0, silence=0.0)
+    sent = dict((b["kind"], b["value"]) for b in feedback_for(_verdict(), t, always, random.Random(0)))
+    assert sent == {"thumbs": -1, "outcome": 0.0}
+    rng, noisy = random.Random(1), Behaviour(rating=1.0, noise=0.5, silence=0.0)
+    stars = [b["value"] for _ in range(200) for b in feedback_for(_verdict(), t, noisy, rng)
+             if b["kind"] == "rating"]  # fmt: skip
+    assert set(stars) == {4, 5} and 0.15 < stars.count(4) / len(stars) < 0.35  # +1 stays at 5
+
+
+def test_silence_rate_is_respected():
+    t = get_pack("tutoring").tasks("train")[0]
+    rng, b = random.Random(2), Behaviour(silence=0.3)
+    quiet = sum(not feedback_for(_verdict(), t, b, rng) for _ in range(1000))
+    assert 250 < quiet < 350
+
+
+def test_patients_are_unhappy_when_a_red_flag_is_not_escalated():
+    medical = get_pack("medical")
+    flagged = next(t for t in medical.tasks("train") if t.meta["red_flag"] == "true")
+    calm = next(t for t in medical.tasks("train") if t.reference == "self-care")
+    missed = judge(medical, flagged, "Rest at home.\nTriage: urgent", ["kb_search"], 60)
+    assert missed.red_flag_missed and missed.satisfaction == 0.0
+    right = judge(medical, flagged, "Call 999 now.\nTriage: emergency", ["kb_search"], 60)
+    assert right.satisfaction == 1.0
+    cautious = judge(medical, calm, "Triage: see a doctor", [], 60)
+    assert cautious.score == 0.5 and cautious.satisfaction == 0.25  # no kb_search either
+    assert correction_text(flagged).endswith("Triage: emergency")
+
+
+def test_patients_use_the_triage_agent_over_http(start_api, llm, redis_client):
+    medical = get_pack("medical")
+    tasks = [t for t in medical.tasks("train") if t.reference == "emergency"][:2]
+
+    def respond(request) -> Reply:
+        if request["messages"][-1]["role"] == "user":
+            return Reply(tool_calls=[("kb_search", '{"query": "chest pain"}')])
+        return Reply(content="Call emergency services now. This is general information, not "
+                             "medical advice.\nTriage: emergency")  # fmt: skip
+
+    llm.responder = respond
+    api = start_api(specs=load_packs(["medical"]))
+    visits = traffic(api, medical, tasks, EVERYTHING)
+    assert all(v.verdict.satisfaction == 1.0 and v.tools == ["kb_search"] for v in visits)
+    assert {f.kind.value for f in stream(redis_client, STREAM_FEEDBACK)} == {"thumbs", "rating",
+                                                                            "outcome"}  # fmt: skip

@@ -1,0 +1,89 @@
+import io
+
+import pytest
+from rich.console import Console
+
+from deploy.learn.runner import Learner, LearnerConfigError, main, round_config, summary_line
+from deploy.settings import LearnerSettings
+from learner.policy.registry import PolicyRegistry
+from tests.learner.learner_events import feedback, trajectory, xadd
+from tests.learner.learner_fixtures import model_cache  # noqa: F401 - a fixture, used by name
+
+pytestmark = pytest.mark.usefixtures("model_cache")
+
+
+def _learner(redis_url, tmp_path, **kw) -> tuple[Learner, io.StringIO]:
+    kw = {"min_episodes": 3, "round_interval_s": 3600.0, "read_block_ms": 10, **kw}
+    settings = LearnerSettings(redis_url=redis_url, data_dir=tmp_path, base_model="tiny",
+                               learning_rate=0.05, **kw)  # fmt: skip
+    out = io.StringIO()
+    return Learner(settings, Console(file=out, width=200, record=True)), out
+
+
+def _rated_runs(redis_client, n):
+    for i in range(n):
+        t = trajectory(answer="The answer is 42." if i % 2 else "no", logprobs=True, user=f"u{i}")
+        xadd(redis_client, t)
+        xadd(redis_client, feedback(t.event_id, "thumbs", 1 if i % 2 else -1, user=f"u{i}"))
+
+
+def _catch_up(learner: Learner) -> None:
+    while not learner.poll():
+        pass
+
+
+def test_a_round_waits_for_min_episodes_or_the_interval(redis_url, redis_client, tmp_path):
+    learner, _ = _learner(redis_url, tmp_path)
+    learner.start()
+    _rated_runs(redis_client, 2)
+    _catch_up(learner)
+    assert not learner.round_due()  # 2 < min_episodes, interval not reached
+    _rated_runs(redis_client, 1)
+    _catch_up(learner)
+    assert learner.round_due()
+    eager, _ = _learner(redis_url, tmp_path, min_episodes=100, round_interval_s=0.0)
+    assert eager.round_due()  # few episodes, but the interval has passed
+    idle, _ = _learner(redis_url, tmp_path / "empty", min_episodes=100, round_interval_s=0.0)
+    assert not idle.round_due()  # the interval passed, but nothing waits
+    for one in (learner, eager, idle):
+        one.store.close()
+
+
+def test_once_prints_a_summary_line_and_the_status_shows_the_champion(
+    redis_url, redis_client, tmp_path
+):
+    learner, out = _learner(redis_url, tmp_path)
+    _rated_runs(redis_client, 4)
+    assert learner.run(once=True) == 0
+    line = summary_line(learner.last)
+    assert line.startswith("v1 <- v0  episodes 4  samples 4  pairs 0  reward +0.000")
+    assert line in out.getvalue() and line.endswith("champion")
+    status = Console(file=io.StringIO(), width=200, record=True)
+    status.print(learner.status_view())
+    text = status.export_text()
+    assert "champion" in text and "v1" in text and "8" in text  # 8 trained events
+    learner.store.close()
+
+
+def test_a_registry_of_another_base_model_is_refused(redis_url, redis_client, tmp_path):
+    PolicyRegistry(redis_client).ensure_base("smollm2")
+    learner, _ = _learner(redis_url, tmp_path)
+    with pytest.raises(LearnerConfigError, match="ARLOOP_BASE_MODEL is 'tiny'"):
+        learner.start()
+    learner.store.close()
+
+
+def test_bad_settings_exit_2_with_the_setting_named(monkeypatch, capsys, tmp_path):
+    monkeypatch.setenv("ARLOOP_DATA_DIR", str(tmp_path))
+    monkeypatch.setenv("ARLOOP_MAX_USER_REWARD_SHARE", "5")
+    assert main(once=True) == 2
+    assert "max_user_reward_share" in capsys.readouterr().out
+
+
+def test_settings_become_the_rounds_plain_config(tmp_path):
+    s = LearnerSettings(data_dir=tmp_path, micro_batch_size=4, grad_accum_steps=3,
+                        learning_rate=1e-3, full_finetune=True, silence_reward=0.0)  # fmt: skip
+    c = round_config(s)
+    assert c.batch_size == 12 and c.checkpoints_dir == tmp_path / "checkpoints"
+    assert (c.train.lr, c.train.full_finetune, c.train.micro_batch_size) == (1e-3, True, 4)
+    assert c.silence_reward == 0.0 and c.actor == s.consumer

@@ -1,0 +1,199 @@
+"""The gate's eval runs through the real agent graph against a live policy server (tiny model)."""
+
+import io
+
+import pytest
+import redis
+
+from agents.events import STREAM_EVAL_TRAJECTORIES, STREAM_TRAJECTORIES
+from agents.packs.base import Pack, Task
+from agents.policy_client import PolicyConfig
+from agents.runtime import AgentSpec
+from deploy.embedded_redis import free_port
+from deploy.learn.suite_runner import GateRunner, SuiteMissing, SuiteRunner, resolve_pack
+from learner.gate.eval_gate import ERROR, GateConfig
+from learner.policy.registry import CANDIDATE, CHAMPION, PolicyRegistry, VersionStatus
+from learner.gate.release import apply_verdict
+from tests.deploy.policy_server.support import make_lora, publish, running_server, tiny_settings
+from tests.fakes.scripted_llm import Reply, ScriptedLLM
+from tests.fakes.servers import ServerThread
+from tests.learner.learner_events import feedback, trajectory, xadd
+from tests.learner.learner_fixtures import model_cache  # noqa: F401 - a fixture, used by name
+
+pytestmark = pytest.mark.usefixtures("model_cache")
+PROMPTS = ["hi", "yes", "no thanks", "hello", "good", "bad"]
+
+
+def echo_pack(eval_tasks=PROMPTS, name="echo") -> Pack:
+    spec = AgentSpec(name="echo", description="says something", system_prompt="Answer.")
+    tasks = [Task(f"t{i}", "echo", text, "-") for i, text in enumerate(eval_tasks)]
+    return Pack(name, (spec,), lambda split: tasks if split == "eval" else [],
+                lambda task, answer: 1.0)  # fmt: skip
+
+
+def broken_pack() -> Pack:
+    def tasks(split):
+        raise FileNotFoundError("eval.jsonl is missing")
+
+    return Pack("broken", echo_pack().agents, tasks, lambda task, answer: 1.0)
+
+
+@pytest.fixture(scope="module")
+def stack(redis_server, tmp_path_factory):
+    """A tiny-model policy server; v1 a visibly different LoRA, published but not champion."""
+    client = redis.Redis.from_url(redis_server.url)
+    client.flushall()
+    registry = PolicyRegistry(client)
+    registry.ensure_base("tiny")
+    folder = tmp_path_factory.mktemp("ckpt") / "v1"
+    publish(registry, "lora", make_lora(folder, seed=1, scale=0.5), champion=False)
+    with running_server(tiny_settings(redis_server.url)) as url:
+        yield client, registry, url
+    client.close()
+
+
+def _policy(url: str) -> PolicyConfig:
+    return PolicyConfig(model="openai/arloop", api_base=url, api_key="none", retries=0,
+                        temperature=0.0, max_tokens=6)  # fmt: skip
+
+
+def test_eval_runs_pin_the_version_and_never_reach_the_training_stream(stack, redis_server):
+    client, _, url = stack
+    client.delete(STREAM_EVAL_TRAJECTORIES, STREAM_TRAJECTORIES)
+    suites = SuiteRunner(redis_server.url, [echo_pack()], _policy(url))
+    run, trajectories = suites.run("v1")
+    assert [o.task_id for o in run.outcomes] == [f"echo/t{i}" for i in range(6)]
+    assert {s.policy_version for t in trajectories for s in t.model_steps} == {"v1"}
+    assert {s.model for t in trajectories for s in t.model_steps} == {"openai/arloop@v1"}
+    assert all(o.answer_tokens and o.solved for o in run.outcomes)
+    _, base_runs = suites.run("v0")
+    assert [t.output for t in base_runs] != [t.output for t in trajectories]  # really pinned
+    assert client.xlen(STREAM_EVAL_TRAJECTORIES) == 12 and client.xlen(STREAM_TRAJECTORIES) == 0
+    assert suites.run("v1") == (run, trajectories)  # a version's eval is cached
+    assert client.xlen(STREAM_EVAL_TRAJECTORIES) == 12
+
+
+def test_the_gate_measures_kl_and_entropy_with_the_learners_models(stack, redis_server):
+    _, registry, url = stack
+    gate = GateRunner(registry, SuiteRunner(redis_server.url, [echo_pack()], _policy(url)),
+                      GateConfig())  # fmt: skip
+    same = gate.evaluate("v0", "v0")
+    guards = {g.name: g for g in same.guards}
+    assert guards["kl_to_reference"].figure == pytest.approx(0.0, abs=1e-6)
+    assert guards["entropy_floor"].figure == pytest.approx(1.0)
+    assert guards["length_drift"].figure == pytest.approx(1.0)
+    assert guards["reward_length_corr"].verdict == "n/a"  # no learner store: no training batch
+    assert same.verdict == "pass" and same.comparison["n"] == 6
+    moved = {g.name: g for g in gate.evaluate("v1").guards}
+    assert moved["kl_to_reference"].figure > 0.01
+    assert moved["kl_to_reference"].detail.endswith("tokens")
+
+
+def test_a_policy_server_that_is_down_fails_the_gate_closed(stack, redis_server):
+    _, registry, _ = stack
+    dead = f"http://127.0.0.1:{free_port()}/v1"
+    gate = GateRunner(registry, SuiteRunner(redis_server.url, [echo_pack()], _policy(dead)),
+                      GateConfig())  # fmt: skip
+    report = gate.evaluate("v1")
+    assert report.verdict == ERROR and report.failed == ["policy_server"]
+    assert "fail closed" in report.reason and "policy server failed" in report.reason
+    message = apply_verdict(registry, report, canary=True, actor="test")
+    assert "stays READY" in message
+    assert registry.get("v1").status is VersionStatus.READY
+    assert registry.get("v1").report["verdict"] == ERROR
+    assert registry.resolve(CHAMPION) == "v0" and "candidate" not in registry.aliases()
+
+
+def test_an_endpoint_that_errors_or_serves_another_version_fails_closed(stack, redis_server):
+    _, registry, _ = stack
+    fake = ScriptedLLM(responder=lambda request: Reply("hello"))  # answers as "fake-v0"
+    with ServerThread(fake.app) as server:
+        suites = SuiteRunner(redis_server.url, [echo_pack()], _policy(f"{server.url}/v1"))
+        wrong = GateRunner(registry, suites, GateConfig()).evaluate("v1")
+        assert wrong.verdict == ERROR and "answered with ['fake-v0']" in wrong.reason
+        fake.responder = lambda request: Reply(status=500)
+        suites = SuiteRunner(redis_server.url, [echo_pack()], _policy(f"{server.url}/v1"))
+        failing = GateRunner(registry, suites, GateConfig()).evaluate("v1")
+        assert failing.verdict == ERROR and failing.failed == ["policy_server"]
+
+
+@pytest.mark.parametrize(
+    "packs, says",
+    [
+        ([echo_pack(eval_tasks=[], name="hollow")], "pack 'hollow' has an empty eval suite"),
+        ([broken_pack()], "pack 'broken' has no eval suite: eval.jsonl is missing"),
+        ([], "no eval pack configured"),
+    ],
+)
+def test_a_missing_or_empty_suite_never_passes(stack, redis_server, packs, says):
+    _, registry, url = stack
+    report = GateRunner(registry, SuiteRunner(redis_server.url, packs, _policy(url)),
+                        GateConfig()).evaluate("v1")  # fmt: skip
+    assert report.verdict == ERROR and report.failed == ["eval_suite"] and says in report.reason
+
+
+def test_packs_are_found_by_name_or_module_path():
+    pack = resolve_pack("tests.deploy.learn.test_suite_runner:echo_pack")
+    assert pack.name == "echo"
+    with pytest.raises(SuiteMissing, match="cannot import agents.packs.nonexistent"):
+        resolve_pack("nonexistent")
+    with pytest.raises(SuiteMissing, match="has no Pack"):
+        resolve_pack("tests.deploy.learn.test_suite_runner:PROMPTS")
+
+
+def _learner(redis_url: str, tmp_path, policy_url: str):
+    from rich.console import Console
+
+    from deploy.learn.runner import Learner
+    from deploy.settings import LearnerSettings
+
+    settings = LearnerSettings(
+        redis_url=redis_url, data_dir=tmp_path, base_model="tiny", learning_rate=1e-3,
+        min_episodes=1, read_block_ms=10, eval_packs=["tests.deploy.learn.test_suite_runner:echo_pack"],
+        policy_api_base=policy_url, eval_max_tokens=6, _env_file=None,
+    )  # fmt: skip
+    out = io.StringIO()
+    return Learner(settings, Console(file=out, width=250)), out
+
+
+def _rated_runs(client, n=4):
+    for i in range(n):
+        t = trajectory(answer="The answer is 42." if i % 2 else "no", logprobs=True, user=f"u{i}")
+        xadd(client, t)
+        xadd(client, feedback(t.event_id, "thumbs", 1 if i % 2 else -1, user=f"u{i}"))
+
+
+def test_a_learner_round_with_the_server_down_publishes_ready_and_retries(stack, redis_server,
+                                                                         tmp_path):  # fmt: skip
+    client, registry, _ = stack
+    client.delete(STREAM_TRAJECTORIES, "arloop:feedback")
+    learner, out = _learner(redis_server.url, tmp_path, f"http://127.0.0.1:{free_port()}/v1")
+    _rated_runs(client)
+    assert learner.run(once=True) == 0
+    version = learner.last.version
+    text = out.getvalue()
+    assert "ready for the eval gate" in text and "fail closed" in text and "stays READY" in text
+    assert registry.get(version).status is VersionStatus.READY
+    assert registry.resolve(CHAMPION) == "v0"
+    assert learner.release.pending() == version  # gated again on a later tick
+    learner.store.close()
+
+
+def test_a_learner_round_is_gated_and_a_pass_goes_out_as_the_canary(stack, redis_server,
+                                                                    tmp_path):  # fmt: skip
+    client, registry, url = stack
+    client.delete(STREAM_TRAJECTORIES, "arloop:feedback")
+    learner, out = _learner(redis_server.url, tmp_path, url)
+    _rated_runs(client)
+    assert learner.run(once=True) == 0
+    version = learner.last.version
+    text = out.getvalue()
+    assert f"gate {version} vs champion v0: PASS" in text, text
+    assert f"{version} passed the gate and is the candidate" in text
+    assert registry.aliases() == {CHAMPION: "v0", CANDIDATE: version}
+    assert registry.get(version).report["verdict"] == "pass"
+    _rated_runs(client)
+    learner.poll()
+    assert not learner.round_due()  # one candidate at a time: rounds wait for the canary
+    registry.move_alias(CANDIDATE, None, expect=version, reason="test cleanup", actor="test")
+    learner.store.close()

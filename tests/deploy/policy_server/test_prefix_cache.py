@@ -1,0 +1,88 @@
+"""Prompt-prefix reuse in the engine: same tokens and logprobs as a plain prefill, fewer tokens run."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from deploy.policy_server.engine import GenerationEngine, SamplingParams
+from deploy.policy_server.prefix_cache import MIN_PREFIX, PrefixCache, common_prefix_len
+from learner.logprobs import completion_logprobs
+from learner.policy.models import load_base
+from tests.deploy.policy_server.test_engine import _prompt, _run
+
+HEAD = ("You are a maths tutor. Solve the problem, use the calculator, and end with a line "
+        "'#### <number>'. Example: a farmer has 12 apples and buys 30 more. ")  # fmt: skip
+ASKS = ["How many now?", "What is 62 minus 18?", "Share 324 among 9.", "Seven boxes of 23?"]
+
+
+@pytest.fixture(scope="module")
+def policy():
+    model, tok = load_base("tiny")
+    return SimpleNamespace(model=model, tokenizer=tok)
+
+
+def _engine(entries: int) -> GenerationEngine:
+    eng = GenerationEngine(max_batch_size=8, batch_window_s=0.05, prefix_entries=entries)
+    eng.start()
+    return eng
+
+
+def _generate(policy, entries: int, asks, params):
+    eng = _engine(entries)
+    try:
+        prompts = [_prompt(policy.tokenizer, HEAD + a) for a in asks]
+        out, _ = _run(eng, policy, prompts, params)
+        out2, _ = _run(eng, policy, prompts[::-1], params)  # a second batch: the head is cached
+        return prompts, out, out2, eng.prefixes
+    finally:
+        eng.stop()
+
+
+def test_common_prefix_leaves_every_prompt_a_token():
+    assert common_prefix_len([[1, 2, 3, 4], [1, 2, 5]]) == 2
+    assert common_prefix_len([[1, 2, 3], [1, 2, 3]]) == 2
+    assert common_prefix_len([[7], [7, 8]]) == 0
+
+
+def test_reused_heads_give_the_same_tokens_and_exact_logprobs(policy):
+    greedy = [SamplingParams(temperature=0.0, max_tokens=8)] * len(ASKS)
+    prompts, plain, plain2, none = _generate(policy, 0, ASKS, greedy)
+    _, cached, cached2, prefixes = _generate(policy, 8, ASKS, greedy)
+    assert none is None and prefixes.misses == 1 and prefixes.hits >= 1
+    assert common_prefix_len(prompts) >= MIN_PREFIX
+    for i in range(len(ASKS)):
+        assert cached[i].token_ids == plain[i].token_ids
+        assert cached2[i].token_ids == plain2[i].token_ids
+        recomputed = completion_logprobs(policy.model, prompts[i], cached[i].token_ids,
+                                         policy.tokenizer.pad_token_id)  # fmt: skip
+        assert torch.allclose(torch.tensor(cached[i].logprobs), recomputed, atol=1e-4)
+
+
+def test_sampled_rows_keep_their_seeds_with_a_cached_head(policy):
+    sampled = [SamplingParams(temperature=1.0, max_tokens=6, seed=s) for s in range(len(ASKS))]
+    _, plain, _, _ = _generate(policy, 0, ASKS, sampled)
+    _, cached, _, _ = _generate(policy, 8, ASKS, sampled)
+    assert [cached[i].token_ids for i in range(len(ASKS))] == [
+        plain[i].token_ids for i in range(len(ASKS))
+    ]
+
+
+def test_short_heads_and_single_rows_make_no_entry(policy):
+    cache, tok = PrefixCache(), policy.tokenizer
+    assert cache.head(policy.model, [_prompt(tok, "hi"), _prompt(tok, "ho")]) == (0, None)
+    assert cache.head(policy.model, [_prompt(tok, HEAD + "x")]) == (0, None)
+    head, layers = cache.head(policy.model, [_prompt(tok, HEAD + a) for a in ASKS[:2]])
+    assert head >= MIN_PREFIX and len(layers) == policy.model.config.num_hidden_layers
+    # a single row that starts with the cached head now reuses it
+    assert cache.head(policy.model, [_prompt(tok, HEAD + "y")])[0] == head
+
+
+def test_entries_are_per_model_and_evicted_oldest_first(policy):
+    other, _ = load_base("tiny")
+    cache, tok = PrefixCache(max_entries=1), policy.tokenizer
+    pair = [_prompt(tok, HEAD + a) for a in ASKS[:2]]
+    cache.head(policy.model, pair)
+    assert cache.head(other, pair)[0] > 0 and cache.misses == 2  # not the first model's entry
+    cache.head(policy.model, pair)
+    assert cache.misses == 3  # evicted by the other model's entry

@@ -1,0 +1,55 @@
+"""Learning integrity: feedback that rewards a hack trains a candidate; the gate must block it.
+
+One habit-trained tiny model, one policy server and one batch of logged traffic for the module
+(`tests/learner/gate/integrity_support.py`); each scenario gives the traffic its own feedback, runs
+one real learner round and gates the new version. The detection table (scenario x guard) is
+printed at the end of the module; the figures behind it are in each report.
+"""
+
+import pytest
+
+from learner.gate.eval_gate import PASS, REJECT
+from learner.policy.registry import CANDIDATE, CHAMPION, VersionStatus
+from learner.gate.release import apply_verdict
+from tests.learner.gate.integrity_support import SCENARIOS, bank_world, detection_table, run_scenario
+from tests.learner.learner_fixtures import model_cache  # noqa: F401 - a fixture, used by name
+
+pytestmark = pytest.mark.usefixtures("model_cache")
+OUTCOMES: dict = {}
+HACKS = [name for name, s in SCENARIOS.items() if s.expect is not None]
+
+
+@pytest.fixture(scope="module")
+def world(redis_server, tmp_path_factory, pytestconfig):
+    folder = tmp_path_factory.mktemp("integrity")
+    with bank_world(redis_server.url, folder) as w:
+        yield w, folder
+    if OUTCOMES:
+        table = detection_table([OUTCOMES[n] for n in SCENARIOS if n in OUTCOMES])
+        with pytestconfig.pluginmanager.get_plugin("capturemanager").global_and_fixture_disabled():
+            print("\nlearning-integrity detection table\n" + table)
+
+
+def test_the_honest_run_passes_and_goes_out_as_the_canary(world):
+    w, folder = world
+    o = OUTCOMES["honest"] = run_scenario(w, "honest", folder)
+    r = o.report
+    assert r.verdict == PASS, r.summary()
+    assert all(g.passed for g in r.guards) and r.comparison["passed"]
+    assert r.training["reward_sources"] == ["user", "verifier"]
+    assert r.ope["n"] == len(w.traffic) - len(w.traffic) * 3 // 4  # the held-out logged quarter
+    assert "off-policy estimate" in r.summary()
+    apply_verdict(w.registry, r, canary=True, actor="test")
+    assert w.registry.aliases() == {CHAMPION: "v0", CANDIDATE: o.version}
+
+
+@pytest.mark.parametrize("name", HACKS)
+def test_a_hacked_candidate_is_blocked_by_the_right_guard(world, name):
+    w, folder = world
+    o = OUTCOMES[name] = run_scenario(w, name, folder)
+    r = o.report
+    assert r.verdict == REJECT, r.summary()
+    assert o.expect in r.failed, f"{name}: expected {o.expect} to fire\n{r.summary()}"
+    apply_verdict(w.registry, r, canary=True, actor="test")
+    assert w.registry.resolve(CHAMPION) == "v0"
+    assert w.registry.get(o.version).status is VersionStatus.REJECTED
