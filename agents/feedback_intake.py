@@ -26,8 +26,12 @@ from agents.events import (
 )
 from agents.feedback_tokens import TokenClaims, TokenError, check_scope, verify
 
-USER_KINDS = (FeedbackKind.THUMBS, FeedbackKind.RATING, FeedbackKind.CORRECTION,
-              FeedbackKind.OUTCOME)  # fmt: skip
+USER_KINDS = (
+    FeedbackKind.THUMBS,
+    FeedbackKind.RATING,
+    FeedbackKind.CORRECTION,
+    FeedbackKind.OUTCOME,
+)
 
 # KEYS: rate window, replay marker, stream. ARGV: limit, window s, marker ttl s, event id,
 # then the stream entry's field/value pairs.
@@ -108,9 +112,14 @@ class FeedbackIntake:
             raise FeedbackRejected(422, str(exc)) from exc
         return FeedbackEvent(
             event_id=feedback_event_id(claims.trajectory_id, kind.value),
-            trajectory_id=claims.trajectory_id, user_id=claims.user_id, kind=kind,
-            value=sub.value, text=sub.text, policy_version=claims.policy_version, turn=sub.turn,
-        )  # fmt: skip
+            trajectory_id=claims.trajectory_id,
+            user_id=claims.user_id,
+            kind=kind,
+            value=sub.value,
+            text=sub.text,
+            policy_version=claims.policy_version,
+            turn=sub.turn,
+        )
 
     async def _write(self, event: FeedbackEvent, claims: TokenClaims) -> str:
         now = time.time()
@@ -126,14 +135,16 @@ class FeedbackIntake:
         status, detail = (_str(v) for v in await self._accept(keys=keys, args=args))
         if status == "rate":
             raise FeedbackRejected(
-                429, f"too much feedback from this user: {self.rate_per_minute} per minute",
+                429,
+                f"too much feedback from this user: {self.rate_per_minute} per minute",
                 retry_after=max(1, 60 - int(now) % 60),
-            )  # fmt: skip
+            )
         if status == "dup":
             raise FeedbackRejected(
-                409, f"{event.kind.value} feedback on this trajectory was already accepted "
-                     f"(event_id {detail})",
-            )  # fmt: skip
+                409,
+                f"{event.kind.value} feedback on this trajectory was already accepted "
+                f"(event_id {detail})",
+            )
         return event.event_id
 
 

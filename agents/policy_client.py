@@ -94,10 +94,16 @@ class PolicyClient:
             kwargs["seed"] = cfg.seed
         try:
             return await litellm.acompletion(
-                model=model, messages=messages, api_base=cfg.api_base, api_key=cfg.api_key,
-                timeout=cfg.timeout_s, max_retries=cfg.retries, logprobs=True,
-                extra_body={"return_token_ids": True}, **kwargs,
-            )  # fmt: skip
+                model=model,
+                messages=messages,
+                api_base=cfg.api_base,
+                api_key=cfg.api_key,
+                timeout=cfg.timeout_s,
+                max_retries=cfg.retries,
+                logprobs=True,
+                extra_body={"return_token_ids": True},
+                **kwargs,
+            )
         except litellm.Timeout as exc:
             raise PolicyError(504, f"policy endpoint timed out after {cfg.timeout_s:g} s") from exc
         except Exception as exc:  # any failure of the upstream call is a bad gateway for us

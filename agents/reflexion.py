@@ -38,8 +38,11 @@ class ReflexionState(AgentState):
 def reflexion_input(text: str, max_steps: int, max_attempts: int) -> dict:
     """The state update that starts a Reflexion run."""
     return run_input(text, max_steps) | {
-        "question": text, "attempts_left": max_attempts - 1, "verdict": "", "critique": "",
-    }  # fmt: skip
+        "question": text,
+        "attempts_left": max_attempts - 1,
+        "verdict": "",
+        "critique": "",
+    }
 
 
 async def recall(state: ReflexionState, runtime: Runtime[RunContext]) -> dict:
@@ -51,10 +54,11 @@ async def recall(state: ReflexionState, runtime: Runtime[RunContext]) -> dict:
     lessons = await ctx.memory.recall(ctx.user_id, ctx.task_kind, "reflection", q)
     facts = await ctx.memory.recall(ctx.user_id, ctx.task_kind, "fact", q)
     notes = [
-        format_notes("Lessons from your earlier attempts at similar tasks:",
-                     [m.text for m in lessons]),
+        format_notes(
+            "Lessons from your earlier attempts at similar tasks:", [m.text for m in lessons]
+        ),
         format_notes("What you know about this user:", [m.text for m in facts]),
-    ]  # fmt: skip
+    ]
     return {"notes": "\n\n".join(n for n in notes if n)}
 
 
@@ -89,21 +93,28 @@ async def reflect(state: ReflexionState, runtime: Runtime[RunContext]) -> dict:
     ctx = runtime.context
     prompt = [
         {"role": "system", "content": REFLECT_PROMPT},
-        {"role": "user", "content": f"Question: {state['question']}\n\nYour answer: "
-                                    f"{last_answer(state)}\n\nCheck: {state['critique']}"},
-    ]  # fmt: skip
+        {
+            "role": "user",
+            "content": f"Question: {state['question']}\n\nYour answer: "
+            f"{last_answer(state)}\n\nCheck: {state['critique']}",
+        },
+    ]
     reflection = ((await ctx.call_model(prompt, with_tools=False)).output or "").strip()
     if ctx.memory is not None and reflection:
-        await ctx.memory.add(ctx.user_id, ctx.task_kind, "reflection", reflection,
-                             source=state["question"])  # fmt: skip
+        await ctx.memory.add(
+            ctx.user_id, ctx.task_kind, "reflection", reflection, source=state["question"]
+        )
     retry = HumanMessage(
         f"Your answer did not pass the check: {state['critique']}\n"
         f"Your reflection: {reflection}\nTry again."
     )
     return {
-        "messages": [retry], "attempts_left": state["attempts_left"] - 1,
-        "steps_left": ctx.max_steps, "status": RunStatus.OK.value, "verdict": "",
-    }  # fmt: skip
+        "messages": [retry],
+        "attempts_left": state["attempts_left"] - 1,
+        "steps_left": ctx.max_steps,
+        "status": RunStatus.OK.value,
+        "verdict": "",
+    }
 
 
 def after_model(state: ReflexionState) -> Literal["tools", "evaluate"]:

@@ -55,10 +55,15 @@ class RunContext:
 
 def tool_step(result: ToolResult, index: int) -> ToolStep:
     return ToolStep(
-        index=index, call_id=result.call_id, name=result.name, arguments=result.arguments,
-        output=result.output, error=result.error, truncated=result.truncated,
+        index=index,
+        call_id=result.call_id,
+        name=result.name,
+        arguments=result.arguments,
+        output=result.output,
+        error=result.error,
+        truncated=result.truncated,
         latency_ms=result.latency_ms,
-    )  # fmt: skip
+    )
 
 
 def ai_message(step: ModelStep) -> AIMessage:

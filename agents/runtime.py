@@ -56,9 +56,12 @@ class AgentSpec:
     def public(self) -> dict[str, Any]:
         """What `GET /v1/agents` shows."""
         return {
-            "name": self.name, "description": self.description, "kind": self.kind,
-            "tools": [t.name for t in self.tools], "task_kind": self.task_kind,
-        }  # fmt: skip
+            "name": self.name,
+            "description": self.description,
+            "kind": self.kind,
+            "tools": [t.name for t in self.tools],
+            "task_kind": self.task_kind,
+        }
 
 
 class UnknownAgent(KeyError):
@@ -119,15 +122,22 @@ class AgentRuntime:
         durability: Literal["sync", "async", "exit"] = "exit",
     ) -> AgentRuntime:
         """The runtime with everything on one Redis: threads, checkpoints, memory, sink."""
-        threads = Threads(client, canary_share=canary_share if policy.versioned else 0.0,
-                          lock_s=lock_s, ttl_s=thread_ttl_s, rng=rng)  # fmt: skip
+        threads = Threads(
+            client,
+            canary_share=canary_share if policy.versioned else 0.0,
+            lock_s=lock_s,
+            ttl_s=thread_ttl_s,
+            rng=rng,
+        )
         return cls(
-            specs, policy=PolicyClient(policy), threads=threads,
+            specs,
+            policy=PolicyClient(policy),
+            threads=threads,
             sink=TrajectorySink(client, scrub),
             checkpointer=make_checkpointer(client, thread_ttl_s),
             memory=LongTermMemory(client, max_items=memory_max_items, scrub=scrub),
             durability=durability,
-        )  # fmt: skip
+        )
 
     @staticmethod
     def _compile(spec: AgentSpec, checkpointer: Any) -> _Agent:
@@ -163,8 +173,9 @@ class AgentRuntime:
         started, start = time.time(), entry.start(text)
         config = self._config(entry, lease)
         try:
-            state = await entry.graph.ainvoke(start, config, context=ctx,
-                                              durability=self.durability)  # fmt: skip
+            state = await entry.graph.ainvoke(
+                start, config, context=ctx, durability=self.durability
+            )
         except BaseException:
             await self._forget_failed_run(entry, config, start["messages"][0].id)
             await self._release(lease)
@@ -177,15 +188,24 @@ class AgentRuntime:
     def _context(self, entry: _Agent, user_id: str, arm: str) -> RunContext:
         spec = entry.spec
         return RunContext(
-            policy=self.policy, tools=entry.tools, system_prompt=spec.system_prompt,
-            user_id=user_id, task_kind=spec.task_kind, arm=arm, memory=self.memory,
-            verifier=entry.verifier, max_steps=spec.max_steps, examples=list(spec.examples),
-        )  # fmt: skip
+            policy=self.policy,
+            tools=entry.tools,
+            system_prompt=spec.system_prompt,
+            user_id=user_id,
+            task_kind=spec.task_kind,
+            arm=arm,
+            memory=self.memory,
+            verifier=entry.verifier,
+            max_steps=spec.max_steps,
+            examples=list(spec.examples),
+        )
 
     @staticmethod
     def _config(entry: _Agent, lease: ThreadLease) -> dict[str, Any]:
-        return {"configurable": {"thread_id": lease.thread_id},
-                "recursion_limit": entry.recursion_limit}  # fmt: skip
+        return {
+            "configurable": {"thread_id": lease.thread_id},
+            "recursion_limit": entry.recursion_limit,
+        }
 
     async def _forget_failed_run(self, entry: _Agent, config: dict, first_id: str) -> None:
         """A failed run leaves its thread as it was: drop the messages it added."""
@@ -195,7 +215,7 @@ class AgentRuntime:
             snapshot = await entry.graph.aget_state(config)
             ids = [m.id for m in snapshot.values.get("messages", [])]
             if first_id in ids:
-                gone = [RemoveMessage(id=i) for i in ids[ids.index(first_id):]]
+                gone = [RemoveMessage(id=i) for i in ids[ids.index(first_id) :]]
                 await entry.graph.aupdate_state(config, {"messages": gone})
         except Exception:  # noqa: BLE001 -- Redis down too: then nothing was written either
             log.warning("could not roll back the failed run on %s", config["configurable"])
@@ -220,18 +240,27 @@ class AgentRuntime:
         version = model_steps[-1].policy_version if model_steps else ctx.policy.model_for(ctx.arm)
         if entry.spec.kind == "reflexion":
             attempts = entry.spec.max_attempts - state["attempts_left"]
-            metadata = metadata | {"arloop.verdict": state["verdict"],
-                                   "arloop.attempts": str(attempts)}  # fmt: skip
+            metadata = metadata | {
+                "arloop.verdict": state["verdict"],
+                "arloop.attempts": str(attempts),
+            }
         return TrajectoryEvent(
-            event_id=new_id("traj"), thread_id=lease.thread_id, agent=entry.spec.name,
-            task_kind=entry.spec.task_kind, user_id=ctx.user_id, input=text,
-            output=final_output(state), policy_version=version, steps=list(ctx.steps),
-            status=RunStatus(state["status"]), started_at=started, finished_at=time.time(),
+            event_id=new_id("traj"),
+            thread_id=lease.thread_id,
+            agent=entry.spec.name,
+            task_kind=entry.spec.task_kind,
+            user_id=ctx.user_id,
+            input=text,
+            output=final_output(state),
+            policy_version=version,
+            steps=list(ctx.steps),
+            status=RunStatus(state["status"]),
+            started_at=started,
+            finished_at=time.time(),
             metadata=metadata,
-        )  # fmt: skip
+        )
 
 
 def final_output(state: dict[str, Any]) -> str:
     last = state["messages"][-1]
     return last.content if isinstance(last.content, str) else str(last.content)
-

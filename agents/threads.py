@@ -92,8 +92,16 @@ class Threads:
         """Hold the thread for a run; ThreadError when it is another's, or busy."""
         token = secrets.token_hex(8)
         key = self.key(thread_id)
-        args = [user_id, agent, self.rng.random(), self.canary_share, token, self.lock_ms,
-                self.ttl_s, time.time()]  # fmt: skip
+        args = [
+            user_id,
+            agent,
+            self.rng.random(),
+            self.canary_share,
+            token,
+            self.lock_ms,
+            self.ttl_s,
+            time.time(),
+        ]
         first, second = (
             _str(v) for v in await self._open(keys=[key, f"{key}:lock", POLICY_ALIASES], args=args)
         )

@@ -75,10 +75,12 @@ def scrub_trajectory(event: TrajectoryEvent, scrub: Scrub) -> TrajectoryEvent:
             memo[text] = scrub(text)
         return memo[text]
 
-    steps = [_model_step(st, s) if isinstance(st, ModelStep) else _tool_step(st, s)
-             for st in event.steps]  # fmt: skip
-    return event.model_copy(update={"input": s(event.input), "output": s(event.output),
-                                    "steps": steps})  # fmt: skip
+    steps = [
+        _model_step(st, s) if isinstance(st, ModelStep) else _tool_step(st, s) for st in event.steps
+    ]
+    return event.model_copy(
+        update={"input": s(event.input), "output": s(event.output), "steps": steps}
+    )
 
 
 def _model_step(step: ModelStep, s: Scrub) -> ModelStep:

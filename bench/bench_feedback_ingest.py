@@ -40,11 +40,14 @@ def request_bytes(port: int, i: int) -> bytes:
     """One keep-alive POST /v1/feedback with a fresh trajectory and a valid token."""
     trajectory, user = f"traj_bench_{i}", f"user{i % 500}"
     token = issue(SECRET, trajectory, user, "v0", 3600)
-    body = json.dumps({"trajectory_id": trajectory, "feedback_token": token,
-                       "kind": "thumbs", "value": 1}).encode()  # fmt: skip
-    head = (f"POST /v1/feedback HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
-            f"Authorization: Bearer {KEY}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\n\r\n")  # fmt: skip
+    body = json.dumps(
+        {"trajectory_id": trajectory, "feedback_token": token, "kind": "thumbs", "value": 1}
+    ).encode()
+    head = (
+        f"POST /v1/feedback HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+        f"Authorization: Bearer {KEY}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    )
     return head.encode() + body
 
 
@@ -71,15 +74,36 @@ async def post_all(port: int, requests: list[bytes], concurrency: int) -> tuple[
 
 def redis_benchmark_xadd(port: int, n: int, concurrency: int) -> float:
     """XADDs/s that redis-benchmark gets with entries the size of a feedback event."""
-    sample = FeedbackEvent(event_id="fb_" + "0" * 32, trajectory_id="traj_bench_0",
-                           user_id="user0", kind=FeedbackKind.THUMBS, value=1,
-                           policy_version="v0")  # fmt: skip
+    sample = FeedbackEvent(
+        event_id="fb_" + "0" * 32,
+        trajectory_id="traj_bench_0",
+        user_id="user0",
+        kind=FeedbackKind.THUMBS,
+        value=1,
+        policy_version="v0",
+    )
     fields = [x for pair in encode(sample).items() for x in pair]
     out = subprocess.run(
-        [shutil.which("redis-benchmark"), "-h", "127.0.0.1", "-p", str(port), "-c",
-         str(concurrency), "-n", str(n), "-q", "XADD", "bench:xadd", "*", *fields],
-        capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
+        [
+            shutil.which("redis-benchmark"),
+            "-h",
+            "127.0.0.1",
+            "-p",
+            str(port),
+            "-c",
+            str(concurrency),
+            "-n",
+            str(n),
+            "-q",
+            "XADD",
+            "bench:xadd",
+            "*",
+            *fields,
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     return float(re.findall(r"([\d.]+) requests per second", out)[-1])
 
 
@@ -92,12 +116,23 @@ def main() -> None:
         sys.exit("redis-benchmark is not on PATH (apt-get install redis-tools)")
     server = start_redis(Path(tempfile.mkdtemp(prefix="arloop-bench-")) / "redis")
     port = free_port()
-    env = {**os.environ, "ARLOOP_REDIS_URL": server.url, "ARLOOP_PORT": str(port),
-           "ARLOOP_SECRET_KEY": SECRET, "ARLOOP_API_KEYS": json.dumps([KEY]),
-           "ARLOOP_FEEDBACK_RATE_PER_MINUTE": "1000000", "ARLOOP_PACKS": '["tutoring"]',
-           "ARLOOP_SCRUB_PHI": "false", "ARLOOP_LOG_LEVEL": "WARNING"}  # fmt: skip
-    api = subprocess.Popen([sys.executable, "-c", "from deploy.agent_api.app import serve; serve()"],
-                           cwd=ROOT, env=env, stderr=subprocess.PIPE)  # fmt: skip
+    env = {
+        **os.environ,
+        "ARLOOP_REDIS_URL": server.url,
+        "ARLOOP_PORT": str(port),
+        "ARLOOP_SECRET_KEY": SECRET,
+        "ARLOOP_API_KEYS": json.dumps([KEY]),
+        "ARLOOP_FEEDBACK_RATE_PER_MINUTE": "1000000",
+        "ARLOOP_PACKS": '["tutoring"]',
+        "ARLOOP_SCRUB_PHI": "false",
+        "ARLOOP_LOG_LEVEL": "WARNING",
+    }
+    api = subprocess.Popen(
+        [sys.executable, "-c", "from deploy.agent_api.app import serve; serve()"],
+        cwd=ROOT,
+        env=env,
+        stderr=subprocess.PIPE,
+    )
     try:
         for _ in range(300):
             try:
@@ -113,12 +148,18 @@ def main() -> None:
             in_stream = r.xlen(STREAM_FEEDBACK) - len(warm)
         api_rate = accepted / seconds
         xadd_rate = redis_benchmark_xadd(server.port, 100_000, 50)
-        print(f"cpus: {os.cpu_count()}, load average: {os.getloadavg()[0]:.2f}; "
-              f"{opts.concurrency} keep-alive connections, {opts.events} posts")
-        print(f"POST /v1/feedback: {accepted} accepted ({in_stream} in the stream) in "
-              f"{seconds:.2f} s = {api_rate:,.0f} events/s")
-        print(f"redis-benchmark XADD (same server, same entry size, 50 clients): "
-              f"{xadd_rate:,.0f} events/s")
+        print(
+            f"cpus: {os.cpu_count()}, load average: {os.getloadavg()[0]:.2f}; "
+            f"{opts.concurrency} keep-alive connections, {opts.events} posts"
+        )
+        print(
+            f"POST /v1/feedback: {accepted} accepted ({in_stream} in the stream) in "
+            f"{seconds:.2f} s = {api_rate:,.0f} events/s"
+        )
+        print(
+            f"redis-benchmark XADD (same server, same entry size, 50 clients): "
+            f"{xadd_rate:,.0f} events/s"
+        )
         print(f"API / raw XADD: {api_rate / xadd_rate:.3f} ({xadd_rate / api_rate:.1f}x slower)")
     finally:
         api.terminate()

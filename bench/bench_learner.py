@@ -45,16 +45,23 @@ from learner.train_step import PolicyTrainer, TrainConfig
 
 CONFIG = TrainConfig(lr=1e-5, kl_coef=0.02, clip_eps=0.2, micro_batch_size=8, max_grad_norm=1.0)
 QUESTIONS = [
-    "What is 17 times 23? Show your steps.", "Explain photosynthesis to a ten-year-old.",
+    "What is 17 times 23? Show your steps.",
+    "Explain photosynthesis to a ten-year-old.",
     "I have had a headache and fever since yesterday. What should I do?",
-    "Write a haiku about the sea.", "How many days are there in a leap year, and why?",
-    "What is the capital of Australia?", "Solve for x: 3x + 7 = 22.",
-    "Give me three tips to sleep better.", "Why is the sky blue?",
-    "Translate 'good morning' into French and Spanish.", "What is a prime number? Give examples.",
-    "My child has a rash after eating peanuts. Is this serious?", "Summarise the water cycle.",
-    "How do I compute the area of a circle of radius 4?", "What causes the seasons on Earth?",
+    "Write a haiku about the sea.",
+    "How many days are there in a leap year, and why?",
+    "What is the capital of Australia?",
+    "Solve for x: 3x + 7 = 22.",
+    "Give me three tips to sleep better.",
+    "Why is the sky blue?",
+    "Translate 'good morning' into French and Spanish.",
+    "What is a prime number? Give examples.",
+    "My child has a rash after eating peanuts. Is this serious?",
+    "Summarise the water cycle.",
+    "How do I compute the area of a circle of radius 4?",
+    "What causes the seasons on Earth?",
     "Name three renewable sources of energy.",
-]  # fmt: skip
+]
 
 
 def synthesise(n_episodes: int, group: int, random_tokens: bool, seed: int = 0) -> list[Sample]:
@@ -111,10 +118,19 @@ def _sample(
     torch.manual_seed(int(torch.randint(0, 2**31, (1,), generator=g)))
     with torch.no_grad():
         out = model.generate(
-            input_ids=ids, attention_mask=attn, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
-            max_new_tokens=128, min_new_tokens=128, num_return_sequences=group,
-            output_logits=True, return_dict_in_generate=True, pad_token_id=tok.pad_token_id,
-        )  # fmt: skip
+            input_ids=ids,
+            attention_mask=attn,
+            do_sample=True,
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+            max_new_tokens=128,
+            min_new_tokens=128,
+            num_return_sequences=group,
+            output_logits=True,
+            return_dict_in_generate=True,
+            pad_token_id=tok.pad_token_id,
+        )
     new = out.sequences[:, width:]  # (N, 128)
     logits = torch.stack(out.logits, dim=1).float()  # (N, 128, V) the sampler's own distribution
     lp = torch.log_softmax(logits, -1).gather(-1, new.unsqueeze(-1)).squeeze(-1)  # (N, 128)
@@ -223,9 +239,12 @@ def trl_update(samples: list[Sample], pad_id: int, tokenizer) -> tuple[float, fl
                 model = self.accelerator.unwrap_model(self.model)
                 with use_adapter(model, adapter_name="ref" if "ref" in model.peft_config else None):
                     ref, _, _ = self._get_per_token_logps_and_entropies(
-                        self.model, ids, attn, batch["completion_ids"].size(1),
+                        self.model,
+                        ids,
+                        attn,
+                        batch["completion_ids"].size(1),
                         batch_size=self.args.per_device_train_batch_size,
-                    )  # fmt: skip
+                    )
             batch["ref_per_token_logps"] = ref
             batch["num_items_in_batch"] = batch["completion_mask"].sum()
             return batch
@@ -240,26 +259,50 @@ def trl_update(samples: list[Sample], pad_id: int, tokenizer) -> tuple[float, fl
     n_prompts = len({s.group for s in samples})
     group = len(samples) // n_prompts
     args = GRPOConfig(
-        output_dir=tempfile.mkdtemp(), per_device_train_batch_size=CONFIG.micro_batch_size,
+        output_dir=tempfile.mkdtemp(),
+        per_device_train_batch_size=CONFIG.micro_batch_size,
         gradient_accumulation_steps=len(samples) // CONFIG.micro_batch_size,
-        steps_per_generation=len(samples) // CONFIG.micro_batch_size, num_generations=group,
-        max_steps=1, learning_rate=CONFIG.lr, lr_scheduler_type="constant", max_grad_norm=CONFIG.max_grad_norm,
-        beta=CONFIG.kl_coef, epsilon=CONFIG.clip_eps, loss_type="dapo", use_bias_correction_kl=False,
-        bf16=False, gradient_checkpointing=False, use_cpu=True, report_to="none", logging_steps=1,
-        save_strategy="no", disable_dropout=True, optim="adamw_torch", seed=CONFIG.seed,
-        max_completion_length=128, dataloader_num_workers=0, disable_tqdm=True,
-    )  # fmt: skip
+        steps_per_generation=len(samples) // CONFIG.micro_batch_size,
+        num_generations=group,
+        max_steps=1,
+        learning_rate=CONFIG.lr,
+        lr_scheduler_type="constant",
+        max_grad_norm=CONFIG.max_grad_norm,
+        beta=CONFIG.kl_coef,
+        epsilon=CONFIG.clip_eps,
+        loss_type="dapo",
+        use_bias_correction_kl=False,
+        bf16=False,
+        gradient_checkpointing=False,
+        use_cpu=True,
+        report_to="none",
+        logging_steps=1,
+        save_strategy="no",
+        disable_dropout=True,
+        optim="adamw_torch",
+        seed=CONFIG.seed,
+        max_completion_length=128,
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+    )
     model, _ = load_base("smollm2")
     peft_config = LoraConfig(
-        r=CONFIG.lora_rank, lora_alpha=CONFIG.lora_alpha, lora_dropout=0.0,
-        target_modules=list(CONFIG.lora_targets), task_type="CAUSAL_LM",
-    )  # fmt: skip
+        r=CONFIG.lora_rank,
+        lora_alpha=CONFIG.lora_alpha,
+        lora_dropout=0.0,
+        target_modules=list(CONFIG.lora_targets),
+        task_type="CAUSAL_LM",
+    )
     timer = StepTimer()
     trainer = LoggedGRPOTrainer(
-        model=model, reward_funcs=lambda completions, **kw: [0.0] * len(completions), args=args,
+        model=model,
+        reward_funcs=lambda completions, **kw: [0.0] * len(completions),
+        args=args,
         train_dataset=Dataset.from_dict({"prompt": [f"p{i}" for i in range(n_prompts)]}),
-        processing_class=tokenizer, peft_config=peft_config, callbacks=[timer],
-    )  # fmt: skip
+        processing_class=tokenizer,
+        peft_config=peft_config,
+        callbacks=[timer],
+    )
     start_weights = lora_state(fresh_policy())
     with torch.no_grad():  # the same adapter initialisation as the other two
         for name, p in trainer.model.named_parameters():
@@ -276,8 +319,10 @@ def _trl_batch(samples: list[Sample], pad_id: int) -> dict[str, torch.Tensor]:
     """TRL's layout: prompts left-padded, completions right-padded, logprobs per completion slot."""
     P = max(len(s.prompt_ids) for s in samples)
     C = max(len(s.completion_ids) for s in samples)
-    out = {k: torch.zeros(len(samples), P if k.startswith("prompt") else C, dtype=torch.long)
-           for k in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")}  # fmt: skip
+    out = {
+        k: torch.zeros(len(samples), P if k.startswith("prompt") else C, dtype=torch.long)
+        for k in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")
+    }
     out["prompt_ids"].fill_(pad_id)
     out["completion_ids"].fill_(pad_id)
     old = torch.zeros(len(samples), C)
@@ -322,8 +367,10 @@ def main() -> None:
     pad = tokenizer.pad_token_id
     tokens = sum(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
     comp = sum(len(s.completion_ids) for s in samples)
-    print(f"{len(samples)} episodes, {tokens} tokens ({comp} completion), synthesised in "
-          f"{time.perf_counter() - t0:.0f} s; torch {torch.__version__}, {torch.get_num_threads()} threads")  # fmt: skip
+    print(
+        f"{len(samples)} episodes, {tokens} tokens ({comp} completion), synthesised in "
+        f"{time.perf_counter() - t0:.0f} s; torch {torch.__version__}, {torch.get_num_threads()} threads"
+    )
 
     _warm_up(samples[:2], pad)
     start = lora_state(fresh_policy())

@@ -211,7 +211,9 @@ def report(rows: dict, swaps: dict) -> None:
         print(f"{name:<24}{secs:>9.1f}{tokens:>8}{tps:>8.1f}{tps / peer_tps:>8.2f}x")
     one = rows["server, 1 client"][1] / rows["server, 1 client"][0]
     eight = rows["server, 8 clients"][1] / rows["server, 8 clients"][0]
-    same = sum(a == b for a, b in zip(rows["generate (peer)"][2], rows["server, 1 client"][2]))
+    same = sum(
+        a == b for a, b in zip(rows["generate (peer)"][2], rows["server, 1 client"][2], strict=True)
+    )
     print(f"\none client vs peer (best of two peer runs): {one / peer_tps:.2f}x  (target >= 0.90)")
     print(f"8 clients vs 1 client aggregate:            {eight / one:.2f}x  (target > 1)")
     print(f"greedy outputs identical to generate:       {same}/{len(QUESTIONS)}")

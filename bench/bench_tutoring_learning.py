@@ -75,9 +75,9 @@ from agents.run_context import to_openai
 from deploy.demo import run as demo
 from deploy.demo.report import eval_outcomes
 from deploy.demo.rounds import round_tasks
+from learner.gate.stats import PairedComparison, paired_comparison, wilson
 from learner.policy.chat_format import LINE, parse_tool_calls, prompt_token_ids, render_prompt
 from learner.policy.models import apply_lora, load_base
-from learner.gate.stats import PairedComparison, paired_comparison, wilson
 from learner.train_step import TrainConfig
 from tools.base import ToolError
 from tools.calculator import calculate
@@ -159,7 +159,7 @@ def trl_arm(opts: demo.DemoOptions, train: list[Task], tokenizer) -> tuple[torch
     scored: list[float] = []
 
     def reward(completions, task_id, **_):
-        out = [proxy_score(by_id[i], c) for c, i in zip(completions, task_id)]
+        out = [proxy_score(by_id[i], c) for c, i in zip(completions, task_id, strict=True)]
         scored.extend(out)
         return out
 
@@ -167,31 +167,65 @@ def trl_arm(opts: demo.DemoOptions, train: list[Task], tokenizer) -> tuple[torch
     _check_tokens(tokenizer, prompts[0], problems[0])
     data = Dataset.from_dict({"prompt": prompts, "task_id": [t.id for t in problems]})
     args = GRPOConfig(
-        output_dir=tempfile.mkdtemp(prefix="arloop-trl-"), per_device_train_batch_size=batch,
-        gradient_accumulation_steps=1, steps_per_generation=1, num_generations=opts.group,
-        num_iterations=1, max_steps=opts.episodes // batch, learning_rate=opts.learning_rate,
-        lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
-        max_grad_norm=LORA.max_grad_norm, beta=opts.kl_coef, epsilon=LORA.clip_eps,
-        loss_type="dapo", scale_rewards="batch", use_bias_correction_kl=False,
-        temperature=opts.temperature, top_p=1.0, max_completion_length=opts.max_tokens,
-        bf16=False, gradient_checkpointing=False, use_cpu=True, report_to="none",
-        logging_steps=1, save_strategy="no", disable_dropout=True, optim="adamw_torch",
-        seed=opts.seed, dataloader_num_workers=0, disable_tqdm=True,
-    )  # fmt: skip
+        output_dir=tempfile.mkdtemp(prefix="arloop-trl-"),
+        per_device_train_batch_size=batch,
+        gradient_accumulation_steps=1,
+        steps_per_generation=1,
+        num_generations=opts.group,
+        num_iterations=1,
+        max_steps=opts.episodes // batch,
+        learning_rate=opts.learning_rate,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=0.0,
+        max_grad_norm=LORA.max_grad_norm,
+        beta=opts.kl_coef,
+        epsilon=LORA.clip_eps,
+        loss_type="dapo",
+        scale_rewards="batch",
+        use_bias_correction_kl=False,
+        temperature=opts.temperature,
+        top_p=1.0,
+        max_completion_length=opts.max_tokens,
+        bf16=False,
+        gradient_checkpointing=False,
+        use_cpu=True,
+        report_to="none",
+        logging_steps=1,
+        save_strategy="no",
+        disable_dropout=True,
+        optim="adamw_torch",
+        seed=opts.seed,
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+    )
     peft_config = LoraConfig(
-        r=LORA.lora_rank, lora_alpha=LORA.lora_alpha, lora_dropout=0.0,
-        target_modules=list(LORA.lora_targets), task_type="CAUSAL_LM",
-    )  # fmt: skip
+        r=LORA.lora_rank,
+        lora_alpha=LORA.lora_alpha,
+        lora_dropout=0.0,
+        target_modules=list(LORA.lora_targets),
+        task_type="CAUSAL_LM",
+    )
     model, _ = load_base(opts.model)
-    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=data,
-                          processing_class=tokenizer, peft_config=peft_config)  # fmt: skip
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=reward,
+        args=args,
+        train_dataset=data,
+        processing_class=tokenizer,
+        peft_config=peft_config,
+    )
     start = time.perf_counter()
     trainer.train()
     seconds = time.perf_counter() - start
     if len(scored) != opts.episodes:
         raise RuntimeError(f"TRL scored {len(scored)} completions, not {opts.episodes}")
-    figures = {"seconds": seconds, "rewards": len(scored), "steps": trainer.state.global_step,
-               "train_reward": sum(scored) / len(scored)}  # fmt: skip
+    figures = {
+        "seconds": seconds,
+        "rewards": len(scored),
+        "steps": trainer.state.global_step,
+        "train_reward": sum(scored) / len(scored),
+    }
     return trainer.model.merge_and_unload().eval(), figures
 
 
@@ -222,8 +256,8 @@ def held_out(model, tokenizer, tasks: list[Task], max_tokens: int) -> tuple[list
             break
         texts = _greedy(model, tokenizer, [threads[i] for i in live], max_tokens)
         if turn == 0:
-            proxy = [int(proxy_score(t, x) >= 1.0) for t, x in zip(tasks, texts)]
-        for i, text in zip(live, texts):
+            proxy = [int(proxy_score(t, x) >= 1.0) for t, x in zip(tasks, texts, strict=True)]
+        for i, text in zip(live, texts, strict=True):
             content, calls = parse_tool_calls(text, TOOLS, LINE)
             if not calls:
                 final[i] = text
@@ -231,15 +265,17 @@ def held_out(model, tokenizer, tasks: list[Task], max_tokens: int) -> tuple[list
                 final[i] = BUDGET_NOTE
             else:
                 threads[i] += _tool_turn(content, calls[0])
-    return proxy, [int(verify(t, out or "") >= 1.0) for t, out in zip(tasks, final)]
+    return proxy, [int(verify(t, out or "") >= 1.0) for t, out in zip(tasks, final, strict=True)]
 
 
 def _tool_turn(content: str | None, call: dict) -> list[dict]:
     fn = call["function"]
     result = asyncio.run(REGISTRY.call(fn["name"], fn["arguments"], call["id"]))
     said = {"content": content} if content else {}
-    return [{"role": "assistant", **said, "tool_calls": [call]},
-            {"role": "tool", "tool_call_id": call["id"], "content": result.output}]  # fmt: skip
+    return [
+        {"role": "assistant", **said, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": call["id"], "content": result.output},
+    ]
 
 
 def _greedy(model, tokenizer, threads: list[list[dict]], max_tokens: int, size: int = 16):
@@ -253,9 +289,15 @@ def _greedy(model, tokenizer, threads: list[list[dict]], max_tokens: int, size: 
         attn = (torch.arange(width) >= torch.tensor([width - len(p) for p in ids])[:, None]).long()
         with torch.no_grad():
             seqs = model.generate(
-                input_ids=batch, attention_mask=attn, do_sample=False, max_new_tokens=max_tokens,
-                pad_token_id=pad, temperature=None, top_p=None, top_k=None,
-            )  # fmt: skip
+                input_ids=batch,
+                attention_mask=attn,
+                do_sample=False,
+                max_new_tokens=max_tokens,
+                pad_token_id=pad,
+                temperature=None,
+                top_p=None,
+                top_k=None,
+            )
         out += tokenizer.batch_decode(seqs[:, width:], skip_special_tokens=True)  # (B, new)
     return out
 
@@ -282,8 +324,9 @@ def _gate_figures(report: demo.Report, gate: dict) -> None:
         print(f"  {v}: {_rate(outcomes) if outcomes else '-'}{verdict}")
     ids = sorted(set(gate.get("v0", {})) & set(gate.get("v1", {})))
     if ids:
-        c = paired_comparison([int(gate["v0"][i][0]) for i in ids],
-                              [int(gate["v1"][i][0]) for i in ids])  # fmt: skip
+        c = paired_comparison(
+            [int(gate["v0"][i][0]) for i in ids], [int(gate["v1"][i][0]) for i in ids]
+        )
         print(f"  v1 - v0 (paired): {_diff(c)}")
     print(f"  headline: {demo.headline(report)}")
 
@@ -300,18 +343,27 @@ def _table(title: str, outcomes: dict[str, list[int]], budget: dict[str, str]) -
     gains = [sum(outcomes[k]) - sum(base) for k in ("arloop v1", "TRL GRPO")]
     ratio = f"{gains[0] / gains[1]:.2f}" if gains[1] > 0 else "undefined (TRL gained <= 0)"
     print(f"arloop v1 - TRL (paired):  {_diff(gap)}")
-    print(f"gain over base, in tasks:  arloop {gains[0]:+d}, TRL {gains[1]:+d}; ratio {ratio} "
-          "(one run: no interval)")  # fmt: skip
+    print(
+        f"gain over base, in tasks:  arloop {gains[0]:+d}, TRL {gains[1]:+d}; ratio {ratio} "
+        "(one run: no interval)"
+    )
     return gap
 
 
 def _options(a: argparse.Namespace, work: Path) -> demo.DemoOptions:
-    opts = demo.DemoOptions(rounds=1, model=a.model, data_dir=work / "data",
-                            report_dir=work / "reports")  # fmt: skip
+    opts = demo.DemoOptions(
+        rounds=1, model=a.model, data_dir=work / "data", report_dir=work / "reports"
+    )
     opts = demo.quick(opts) if a.model == "tiny" else opts  # the tiny model's completion cap
     # a round's training and gate can take well over the demo's 15 minutes on a busy machine
-    return replace(opts, episodes=a.episodes, group=a.group, eval_size=a.eval_size,
-                   phase_timeout_s=3600.0, closing_visit=False)  # fmt: skip
+    return replace(
+        opts,
+        episodes=a.episodes,
+        group=a.group,
+        eval_size=a.eval_size,
+        phase_timeout_s=3600.0,
+        closing_visit=False,
+    )
 
 
 def main() -> None:
@@ -320,25 +372,39 @@ def main() -> None:
     ap.add_argument("--group", type=int, default=4, help="tries per training problem")
     ap.add_argument("--eval-size", type=int, default=60, help="held-out problems")
     ap.add_argument("--model", choices=("smollm2", "tiny"), default="smollm2")
-    ap.add_argument("--threads", type=int, default=0,
-                    help="torch threads of TRL and the in-process eval (0: torch's default)")  # fmt: skip
-    ap.add_argument("--reuse", type=Path, default=None,
-                    help="data dir of an earlier run with the same options: take its v1, skip "
-                         "the demo (no gate figures, no arloop wall)")  # fmt: skip
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="torch threads of TRL and the in-process eval (0: torch's default)",
+    )
+    ap.add_argument(
+        "--reuse",
+        type=Path,
+        default=None,
+        help="data dir of an earlier run with the same options: take its v1, skip "
+        "the demo (no gate figures, no arloop wall)",
+    )
     a = ap.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
     work = Path(tempfile.mkdtemp(prefix="arloop-bench-tutoring-"))
     opts = _options(a, work)
     pack = tutoring_pack("templates", opts.eval_size)
-    train = round_tasks(pack.tasks("train"), opts.episodes // opts.group, opts.group,
-                        random.Random(f"{opts.seed}/1"))  # the demo's round 1  # fmt: skip
+    train = round_tasks(
+        pack.tasks("train"),
+        opts.episodes // opts.group,
+        opts.group,
+        random.Random(f"{opts.seed}/1"),
+    )  # the demo's round 1
     evals = pack.tasks("eval")
-    print(f"model {opts.model}; budget {opts.episodes} reward evaluations "
-          f"({opts.episodes // opts.group} problems x {opts.group}); {len(evals)} held-out; "
-          f"lr {opts.learning_rate}, KL {opts.kl_coef}, T {opts.temperature}, "
-          f"max_tokens {opts.max_tokens}; torch {torch.__version__}, "
-          f"{torch.get_num_threads()} threads in-process; work dir {work}")  # fmt: skip
+    print(
+        f"model {opts.model}; budget {opts.episodes} reward evaluations "
+        f"({opts.episodes // opts.group} problems x {opts.group}); {len(evals)} held-out; "
+        f"lr {opts.learning_rate}, KL {opts.kl_coef}, T {opts.temperature}, "
+        f"max_tokens {opts.max_tokens}; torch {torch.__version__}, "
+        f"{torch.get_num_threads()} threads in-process; work dir {work}"
+    )
 
     report, gate, arloop_s = arloop_arm(opts) if a.reuse is None else (None, {}, 0.0)
     data_dir = a.reuse or opts.data_dir
@@ -347,34 +413,52 @@ def main() -> None:
     trl_model, trl = trl_arm(opts, train, tokenizer)
 
     t = time.perf_counter()
-    policies = {"base (v0)": load_base(opts.model)[0],
-                "arloop v1": apply_lora(load_base(opts.model)[0], data_dir / "checkpoints/v1"),
-                "TRL GRPO": trl_model}  # fmt: skip
+    policies = {
+        "base (v0)": load_base(opts.model)[0],
+        "arloop v1": apply_lora(load_base(opts.model)[0], data_dir / "checkpoints/v1"),
+        "TRL GRPO": trl_model,
+    }
     runs = {k: held_out(m.eval(), tokenizer, evals, opts.max_tokens) for k, m in policies.items()}
     eval_s = time.perf_counter() - t
 
     trained = f" ({v1_row.trained_events} trained)" if v1_row else ""
-    budget = {"base (v0)": "-", "arloop v1": f"{opts.episodes}{trained}",
-              "TRL GRPO": str(trl["rewards"])}  # fmt: skip
-    gap = _table(f"held-out success, first-turn proxy (TRL's reward), greedy, {len(evals)} tasks:",
-                 {k: r[0] for k, r in runs.items()}, budget)  # fmt: skip
-    agent_gap = _table("held-out success, the tutor's loop replayed in-process (calculator, "
-                       "up to 3 calls), greedy:", {k: r[1] for k, r in runs.items()}, budget)  # fmt: skip
+    budget = {
+        "base (v0)": "-",
+        "arloop v1": f"{opts.episodes}{trained}",
+        "TRL GRPO": str(trl["rewards"]),
+    }
+    gap = _table(
+        f"held-out success, first-turn proxy (TRL's reward), greedy, {len(evals)} tasks:",
+        {k: r[0] for k, r in runs.items()},
+        budget,
+    )
+    agent_gap = _table(
+        "held-out success, the tutor's loop replayed in-process (calculator, "
+        "up to 3 calls), greedy:",
+        {k: r[1] for k, r in runs.items()},
+        budget,
+    )
     if report is not None:
         _gate_figures(report, gate)
 
     secs = report.seconds if report else {}
     shown = f"{arloop_s:.0f} s" if report else "reused, not timed"
-    print(f"\nwall: arloop demo {shown} (start {secs.get('start', 0):.0f}, traffic "
-          f"{secs.get('traffic', 0):.0f}, learn+gate {secs.get('learn+gate', 0):.0f} incl. the "
-          f"gate's v0+v1 evals); TRL train() {trl['seconds']:.0f} s ({trl['steps']} steps); "
-          f"in-process eval {eval_s:.0f} s")  # fmt: skip
-    print(f"train reward: arloop {_num(v1_row.train_reward if v1_row else None)} (the students' feedback scale, "
-          f"before normalising), TRL {trl['train_reward']:.2f} (the proxy)")  # fmt: skip
-    print(f"verdict: after {opts.episodes} reward evaluations each, {_verdict(gap)} on the "
-          f"first-turn proxy (arloop v1 - TRL {gap.diff:+.3f} [{gap.ci_low:+.3f}, "
-          f"{gap.ci_high:+.3f}]) and {_verdict(agent_gap)} on the replayed loop "
-          f"({agent_gap.diff:+.3f} [{agent_gap.ci_low:+.3f}, {agent_gap.ci_high:+.3f}])")  # fmt: skip
+    print(
+        f"\nwall: arloop demo {shown} (start {secs.get('start', 0):.0f}, traffic "
+        f"{secs.get('traffic', 0):.0f}, learn+gate {secs.get('learn+gate', 0):.0f} incl. the "
+        f"gate's v0+v1 evals); TRL train() {trl['seconds']:.0f} s ({trl['steps']} steps); "
+        f"in-process eval {eval_s:.0f} s"
+    )
+    print(
+        f"train reward: arloop {_num(v1_row.train_reward if v1_row else None)} (the students' feedback scale, "
+        f"before normalising), TRL {trl['train_reward']:.2f} (the proxy)"
+    )
+    print(
+        f"verdict: after {opts.episodes} reward evaluations each, {_verdict(gap)} on the "
+        f"first-turn proxy (arloop v1 - TRL {gap.diff:+.3f} [{gap.ci_low:+.3f}, "
+        f"{gap.ci_high:+.3f}]) and {_verdict(agent_gap)} on the replayed loop "
+        f"({agent_gap.diff:+.3f} [{agent_gap.ci_low:+.3f}, {agent_gap.ci_high:+.3f}])"
+    )
 
 
 def _verdict(gap: PairedComparison) -> str:

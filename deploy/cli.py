@@ -19,8 +19,12 @@ app = typer.Typer(
     no_args_is_help=True,
     rich_markup_mode="markdown",  # docstrings wrap as paragraphs
 )
-serve_app = typer.Typer(help="Run a serving process (agent API or policy server).", rich_markup_mode="markdown")
-policy_app = typer.Typer(help="Inspect and move policy versions in the registry.", rich_markup_mode="markdown")
+serve_app = typer.Typer(
+    help="Run a serving process (agent API or policy server).", rich_markup_mode="markdown"
+)
+policy_app = typer.Typer(
+    help="Inspect and move policy versions in the registry.", rich_markup_mode="markdown"
+)
 app.add_typer(serve_app, name="serve")
 app.add_typer(policy_app, name="policy")
 
@@ -112,45 +116,76 @@ def eval_gate(
     estimate. Exit 0 pass, 1 reject, 2 error."""
     from deploy.commands import main
 
-    raise typer.Exit(
-        main("eval", version=version, against=against, apply=apply, as_json=as_json)
-    )
+    raise typer.Exit(main("eval", version=version, against=against, apply=apply, as_json=as_json))
 
 
 @app.command("demo")
 def demo(
-    rounds: int = typer.Option(2, "--rounds", min=1, help="Learning rounds (traffic, training, "
-                               "gate)."),  # fmt: skip
-    users: int = typer.Option(8, "--users", min=1, help="Simulated students talking to the agent "
-                              "API at once."),  # fmt: skip
-    episodes: int = typer.Option(32, "--episodes", min=2, help="Runs per round (students bring "
-                                 "each problem in groups of --group)."),  # fmt: skip
+    rounds: int = typer.Option(
+        2, "--rounds", min=1, help="Learning rounds (traffic, training, gate)."
+    ),
+    users: int = typer.Option(
+        8, "--users", min=1, help="Simulated students talking to the agent API at once."
+    ),
+    episodes: int = typer.Option(
+        32,
+        "--episodes",
+        min=2,
+        help="Runs per round (students bring each problem in groups of --group).",
+    ),
     group: int = typer.Option(4, "--group", min=1, help="Students per problem (a GRPO group)."),
-    eval_size: int = typer.Option(40, "--eval-size", min=1, help="Held-out problems the gate "
-                                  "evaluates every version on."),  # fmt: skip
-    model: str = typer.Option("smollm2", "--model", help="Base model: smollm2 (bundled), tiny, "
-                              "or a local Hugging Face folder."),  # fmt: skip
+    eval_size: int = typer.Option(
+        40, "--eval-size", min=1, help="Held-out problems the gate evaluates every version on."
+    ),
+    model: str = typer.Option(
+        "smollm2",
+        "--model",
+        help="Base model: smollm2 (bundled), tiny, or a local Hugging Face folder.",
+    ),
     seed: int = typer.Option(0, "--seed", help="Seeds the problems, users and feedback noise."),
-    report_dir: Path = typer.Option(Path("reports"), "--report-dir", help="Where the report "
-                                    "folder goes."),  # fmt: skip
-    data_dir: Path = typer.Option(None, "--data-dir", help="A fresh folder for Redis, the "
-                                  "learner, checkpoints and logs (default .arloop/demo-<time>)."),
-    threads: int = typer.Option(2, "--threads", min=1, help="torch threads of the policy server "
-                                "and of the learner."),  # fmt: skip
-    closing_visit: bool = typer.Option(True, "--closing-visit/--no-closing-visit", help="After "
-                                       "the last round, stop the learner and let the students "
-                                       "visit the final champion once more (its thumbs-up "
-                                       "rate)."),  # fmt: skip
-    tiny: bool = typer.Option(False, "--quick", "--tiny", help="The tiny model, one round, a few "
-                              "runs: checks the whole path in well under a minute."),
+    report_dir: Path = typer.Option(
+        Path("reports"), "--report-dir", help="Where the report folder goes."
+    ),
+    data_dir: Path = typer.Option(
+        None,
+        "--data-dir",
+        help="A fresh folder for Redis, the "
+        "learner, checkpoints and logs (default .arloop/demo-<time>).",
+    ),
+    threads: int = typer.Option(
+        2, "--threads", min=1, help="torch threads of the policy server and of the learner."
+    ),
+    closing_visit: bool = typer.Option(
+        True,
+        "--closing-visit/--no-closing-visit",
+        help="After "
+        "the last round, stop the learner and let the students "
+        "visit the final champion once more (its thumbs-up "
+        "rate).",
+    ),
+    tiny: bool = typer.Option(
+        False,
+        "--quick",
+        "--tiny",
+        help="The tiny model, one round, a few runs: checks the whole path in well under a minute.",
+    ),
 ) -> None:
     """The whole loop on this machine: starts Redis, the policy server, the agent API and the
     learner, runs rounds of simulated students -> feedback -> learning -> eval gate -> publish,
     and ends with a table per version and a report (JSON, Markdown, plots) under --report-dir."""
     from deploy.demo.run import DemoOptions, main
 
-    opts = DemoOptions(rounds=rounds, users=users, episodes=episodes, group=group,
-                       eval_size=eval_size, model=model, seed=seed, report_dir=report_dir,
-                       data_dir=data_dir, threads=threads,
-                       closing_visit=closing_visit)  # fmt: skip
+    opts = DemoOptions(
+        rounds=rounds,
+        users=users,
+        episodes=episodes,
+        group=group,
+        eval_size=eval_size,
+        model=model,
+        seed=seed,
+        report_dir=report_dir,
+        data_dir=data_dir,
+        threads=threads,
+        closing_visit=closing_visit,
+    )
     raise typer.Exit(main(opts, tiny=tiny))

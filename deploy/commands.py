@@ -19,6 +19,7 @@ from rich.table import Table
 from agents.events import PolicyAliasMoved, PolicyPublished, PolicyRejected, PolicyRolledBack
 from deploy.embedded_redis import RedisUnavailable, ensure_redis
 from deploy.settings import LearnerSettings
+from learner.gate.release import ReleaseError, end_canary, promote, rollback
 from learner.policy.registry import (
     CANDIDATE,
     CHAMPION,
@@ -27,7 +28,6 @@ from learner.policy.registry import (
     PolicyVersion,
     UnknownVersion,
 )
-from learner.gate.release import ReleaseError, end_canary, promote, rollback
 
 OK, REFUSED, CANNOT = 0, 1, 2
 
@@ -54,10 +54,15 @@ def versions_table(registry: PolicyRegistry) -> Table:
         table.add_column(col)
     for v in registry.versions():
         table.add_row(
-            v.version, v.parent or "-", v.status.value, ", ".join(sorted(aliases.get(v.version, [])))
-            or "-", _when(v.created_at), *_gate(v), _num(v.metrics.get("reward")),
+            v.version,
+            v.parent or "-",
+            v.status.value,
+            ", ".join(sorted(aliases.get(v.version, []))) or "-",
+            _when(v.created_at),
+            *_gate(v),
+            _num(v.metrics.get("reward")),
             _num(v.metrics.get("kl")),
-        )  # fmt: skip
+        )
     return table
 
 
@@ -98,8 +103,9 @@ def rollback_version(
             if current is None:
                 raise ReleaseError("no candidate is out: nothing to roll back")
             end_canary(registry, current, actor=actor(), reason="operator")
-            console.print(f"candidate {current} rolled back; champion stays "
-                          f"{registry.resolve(CHAMPION)}")  # fmt: skip
+            console.print(
+                f"candidate {current} rolled back; champion stays {registry.resolve(CHAMPION)}"
+            )
             return OK
         old, new = rollback(registry, to=to, actor=actor(), reason="operator")
     except (ReleaseError, AliasConflict, UnknownVersion) as exc:
@@ -185,12 +191,15 @@ def main(command: str, **kwargs: Any) -> int:
     console = Console(soft_wrap=True)
     try:
         settings = LearnerSettings()
-        handlers = {"list": list_versions, "promote": promote_version,
-                    "rollback": rollback_version, "eval": run_eval}  # fmt: skip
+        handlers = {
+            "list": list_versions,
+            "promote": promote_version,
+            "rollback": rollback_version,
+            "eval": run_eval,
+        }
         return handlers[command](settings, console, **kwargs)
     except ValidationError as exc:
         console.print(f"[red]invalid ARLOOP_* setting:[/]\n{exc}")
     except (RedisUnavailable, redis.ConnectionError) as exc:
         console.print(f"[red]cannot reach Redis:[/] {exc} (set ARLOOP_REDIS_URL)")
     return CANNOT
-

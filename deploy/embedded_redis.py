@@ -72,15 +72,23 @@ def start_redis(directory: Path, port: int | None = None, *, detach: bool = Fals
     port = port or free_port()
     args = [
         redis_server_binary(),
-        "--port", str(port),
-        "--bind", "127.0.0.1",
-        "--dir", str(directory.resolve()),
-        "--appendonly", "yes",
-        "--appendfsync", "everysec",
-        "--save", "",
-        "--pidfile", str((directory / "redis.pid").resolve()),
-        "--protected-mode", "yes",
-    ]  # fmt: skip
+        "--port",
+        str(port),
+        "--bind",
+        "127.0.0.1",
+        "--dir",
+        str(directory.resolve()),
+        "--appendonly",
+        "yes",
+        "--appendfsync",
+        "everysec",
+        "--save",
+        "",
+        "--pidfile",
+        str((directory / "redis.pid").resolve()),
+        "--protected-mode",
+        "yes",
+    ]
     log = open(directory / "redis.log", "ab")
     proc = subprocess.Popen(
         args, stdout=log, stderr=subprocess.STDOUT, start_new_session=detach, close_fds=True

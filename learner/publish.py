@@ -132,10 +132,14 @@ def register(
     m = committed.manifest
     if not registry.exists(committed.version):
         record = PolicyVersion(
-            version=committed.version, parent=committed.parent, base_model=m["base_model"],
-            checkpoint_uri=checkpoint_uri(committed.checkpoint), checkpoint_kind=m["kind"],
-            created_at=m["created_at"], metrics=m["metrics"],
-        )  # fmt: skip
+            version=committed.version,
+            parent=committed.parent,
+            base_model=m["base_model"],
+            checkpoint_uri=checkpoint_uri(committed.checkpoint),
+            checkpoint_kind=m["kind"],
+            created_at=m["created_at"],
+            metrics=m["metrics"],
+        )
         registry.publish(record, trained_events=len(m["trained_event_ids"]))
     champion, conflict = _promote(registry, committed, actor) if promote else (False, None)
     store.mark_registered(committed.version)
@@ -149,8 +153,13 @@ def _promote(
     if registry.aliases().get(CHAMPION) == committed.version:
         return True, None
     try:
-        registry.move_alias(CHAMPION, committed.version, expect=committed.parent,
-                            reason="learner round", actor=actor)  # fmt: skip
+        registry.move_alias(
+            CHAMPION,
+            committed.version,
+            expect=committed.parent,
+            reason="learner round",
+            actor=actor,
+        )
     except AliasConflict as exc:
         log.warning("%s published but not champion: %s", committed.version, exc)
         return False, str(exc)
@@ -171,8 +180,9 @@ def recover(
 ) -> Recovery:
     """On start: register committed-but-unregistered versions, delete uncommitted checkpoints."""
     committed = store.committed_versions()
-    registered = [register(store, registry, c, actor, promote=promote)
-                  for c in committed if not c.registered]  # fmt: skip
+    registered = [
+        register(store, registry, c, actor, promote=promote) for c in committed if not c.registered
+    ]
     known = {c.checkpoint.name for c in committed}
     removed = []
     if checkpoints_dir.is_dir():

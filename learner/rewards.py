@@ -62,8 +62,9 @@ def scored(feedback: Sequence[FeedbackEvent]) -> list[Scored]:
         score = feedback_score(f.kind, f.value)
         if score is not None:
             key = (f.user_id, f.kind.value, f.turn)
-            latest[key] = Scored(f.user_id, f.source == "user", f.kind.value, f.turn, score,
-                                 f.created_at)  # fmt: skip
+            latest[key] = Scored(
+                f.user_id, f.source == "user", f.kind.value, f.turn, score, f.created_at
+            )
     return list(latest.values())
 
 

@@ -16,8 +16,8 @@ from learner.advantages import RunningBaseline
 from learner.crashpoints import crash_point
 from learner.episodes import Episode, settle, trainable_episodes
 from learner.policy.models import checkpoint_path, load_base, load_checkpoint
-from learner.publish import Published, publish_version
 from learner.policy.registry import CHAMPION, PolicyRegistry, PolicyVersion
+from learner.publish import Published, publish_version
 from learner.rewards import batch_rewards, keep_turns
 from learner.samples import (
     Baseline,
@@ -110,19 +110,33 @@ def run_round(
         tokenizer.save_pretrained(directory)
 
     published = publish_version(
-        store, registry, save, checkpoints_dir=config.checkpoints_dir, parent=parent,
-        kind="full" if config.train.full_finetune else "lora", metrics=metrics, trained=trained,
-        let_go={UNTRAINABLE: unusable}, meta={BASELINE_KEY: vars(data.baseline)},
-        actor=config.actor, promote=config.promote,
-    )  # fmt: skip
+        store,
+        registry,
+        save,
+        checkpoints_dir=config.checkpoints_dir,
+        parent=parent,
+        kind="full" if config.train.full_finetune else "lora",
+        metrics=metrics,
+        trained=trained,
+        let_go={UNTRAINABLE: unusable},
+        meta={BASELINE_KEY: vars(data.baseline)},
+        actor=config.actor,
+        promote=config.promote,
+    )
     rewards = [s.reward for s in data.samples]
     return RoundResult(
-        version=published.version, parent=parent.version, episodes=len(data.used),
-        samples=len(data.samples), pairs=len(data.pairs), skipped_steps=data.skipped_steps,
-        reward_mean=sum(rewards) / len(rewards) if rewards else math.nan, metrics=metrics,
-        seconds=time.monotonic() - start, published=published,
+        version=published.version,
+        parent=parent.version,
+        episodes=len(data.used),
+        samples=len(data.samples),
+        pairs=len(data.pairs),
+        skipped_steps=data.skipped_steps,
+        reward_mean=sum(rewards) / len(rewards) if rewards else math.nan,
+        metrics=metrics,
+        seconds=time.monotonic() - start,
+        published=published,
         let_go={UNTRAINABLE: len(episodes) - len(used)} if len(used) < len(episodes) else {},
-    )  # fmt: skip
+    )
 
 
 def load_parent(
@@ -130,8 +144,9 @@ def load_parent(
 ) -> tuple[torch.nn.Module, Any, Path | None]:
     """(model, tokenizer, adapter folder to continue) for the version a round starts from."""
     if parent.checkpoint_kind == "full":
-        model, tokenizer = load_checkpoint(checkpoint_path(parent.checkpoint_uri),
-                                           base_model=parent.base_model)  # fmt: skip
+        model, tokenizer = load_checkpoint(
+            checkpoint_path(parent.checkpoint_uri), base_model=parent.base_model
+        )
         return model, tokenizer, None
     model, tokenizer = load_base(parent.base_model)
     if parent.checkpoint_kind == "base":
@@ -156,12 +171,14 @@ def _training_data(
     if not config.train_after_tool:
         rewards = [keep_turns(r, credited_turns(e)) for r, e in zip(rewards, episodes, strict=True)]
     return build_training_data(
-        episodes, rewards,
+        episodes,
+        rewards,
         encode=lambda text: tokenizer(text, add_special_tokens=False)["input_ids"],
-        eos_id=tokenizer.eos_token_id, baseline=config.baseline,
+        eos_id=tokenizer.eos_token_id,
+        baseline=config.baseline,
         state=RunningBaseline(**store.get_meta(BASELINE_KEY, {})),
         normalise_rewards=config.normalise_rewards,
-    )  # fmt: skip
+    )
 
 
 def credited_turns(episode: Episode) -> set[int]:
@@ -195,8 +212,11 @@ def _train(
             dpo.append(trainer.dpo_step(chunk))
     metrics = _mean_metrics(pg)
     metrics.update({f"dpo/{k}": v for k, v in _mean_metrics(dpo).items()})
-    metrics.update(skipped_steps=float(data.skipped_steps), updates=float(len(pg) + len(dpo)),
-                   skipped_corrections=float(data.skipped_corrections))  # fmt: skip
+    metrics.update(
+        skipped_steps=float(data.skipped_steps),
+        updates=float(len(pg) + len(dpo)),
+        skipped_corrections=float(data.skipped_corrections),
+    )
     return {k: v for k, v in metrics.items() if math.isfinite(v)}  # NaN: undefined this round
 
 

@@ -167,9 +167,14 @@ class Store:
         with self.transaction() as db:
             db.execute(
                 "INSERT INTO versions VALUES (?,?,?,?,0,?)",
-                (version.version, version.parent, str(version.checkpoint),
-                 json.dumps(version.manifest), now),
-            )  # fmt: skip
+                (
+                    version.version,
+                    version.parent,
+                    str(version.checkpoint),
+                    json.dumps(version.manifest),
+                    now,
+                ),
+            )
             db.executemany(
                 "INSERT INTO ledger VALUES (?,?,?)", [(e, version.version, now) for e in trained]
             )
@@ -229,8 +234,10 @@ class Store:
             where.append(f"json_extract(t.data, '$.policy_version') IN ({_marks(versions)})")
             args += list(versions)
         if not_trained_by is not None:
-            where.append("NOT EXISTS (SELECT 1 FROM ledger l WHERE l.event_id = t.event_id "
-                         "AND l.version = ?)")  # fmt: skip
+            where.append(
+                "NOT EXISTS (SELECT 1 FROM ledger l WHERE l.event_id = t.event_id "
+                "AND l.version = ?)"
+            )
             args.append(not_trained_by)
         rows = self.db.execute(
             f"SELECT t.data FROM trajectories t WHERE {' AND '.join(where)} "

@@ -48,8 +48,14 @@ class TrainConfig:
     lora_dropout: float = 0.0
     """Dropout on the adapter's input; 0 keeps recomputed logprobs deterministic."""
     lora_targets: tuple[str, ...] = (
-        "q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "down_proj", "gate_proj",
-    )  # fmt: skip
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "o_proj",
+        "up_proj",
+        "down_proj",
+        "gate_proj",
+    )
     """Module names that get an adapter (all linear layers of a Llama block)."""
     clip_eps: float = 0.2
     """PPO clip range: the ratio policy / behaviour stops pushing outside 1 ± clip_eps."""
@@ -95,9 +101,13 @@ class PolicyTrainer:
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(config.seed)
                 policy = attach_lora(
-                    model, rank=config.lora_rank, alpha=config.lora_alpha, dropout=config.lora_dropout,
-                    targets=tuple(config.lora_targets), adapter_dir=adapter_dir,
-                )  # fmt: skip
+                    model,
+                    rank=config.lora_rank,
+                    alpha=config.lora_alpha,
+                    dropout=config.lora_dropout,
+                    targets=tuple(config.lora_targets),
+                    adapter_dir=adapter_dir,
+                )
         self._params = [p for p in policy.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(self._params, lr=config.lr, weight_decay=config.weight_decay)
         self._model, self._optimizer = self.accelerator.prepare(policy, optimizer)
@@ -178,10 +188,17 @@ class PolicyTrainer:
         behaviour, logged = _flat_behaviour(chunk, logp)  # (N,), (N,) bool
         advantages = _flat_advantages(chunk, logp)  # (N,)
         out = clipped_pg_loss(
-            logp, behaviour, advantages, torch.ones_like(logp),
-            ref_logp=ref_logp, clip_eps=self.config.clip_eps, kl_coef=self.config.kl_coef,
-            entropy=entropy, entropy_coef=self.config.entropy_coef, normalizer=normalizer,
-        )  # fmt: skip
+            logp,
+            behaviour,
+            advantages,
+            torch.ones_like(logp),
+            ref_logp=ref_logp,
+            clip_eps=self.config.clip_eps,
+            kl_coef=self.config.kl_coef,
+            entropy=entropy,
+            entropy_coef=self.config.entropy_coef,
+            normalizer=normalizer,
+        )
         self.accelerator.backward(out.loss)
         n = float(out.num_tokens)
         sums["loss"] += float(out.loss.detach())

@@ -141,9 +141,13 @@ class TrajectorySource:
         out: list[Entry] = []
         for stream in STREAMS:
             reply = self.r.xautoclaim(
-                stream, LEARNER_GROUP, self.consumer, self.claim_idle_ms,
-                start_id=self._claim_cursor[stream], count=self.count,
-            )  # fmt: skip
+                stream,
+                LEARNER_GROUP,
+                self.consumer,
+                self.claim_idle_ms,
+                start_id=self._claim_cursor[stream],
+                count=self.count,
+            )
             self._claim_cursor[stream] = _s(reply[0])
             out += [Entry(stream, _s(i), f or {}) for i, f in reply[1] if i is not None]
         if out:
@@ -201,9 +205,14 @@ class TrajectorySource:
     def _dead_letter(self, entry: Entry, reason: str) -> None:
         """Copy the entry with why it died to the dead-letter stream and ack it, atomically."""
         log.warning("dead letter %s %s: %s", entry.stream, entry.entry_id, reason)
-        fields = {**entry.fields, "dead_reason": reason, "dead_stream": entry.stream,
-                  "dead_id": entry.entry_id, "dead_deliveries": str(entry.deliveries),
-                  "dead_at": f"{time.time():.3f}"}  # fmt: skip
+        fields = {
+            **entry.fields,
+            "dead_reason": reason,
+            "dead_stream": entry.stream,
+            "dead_id": entry.entry_id,
+            "dead_deliveries": str(entry.deliveries),
+            "dead_at": f"{time.time():.3f}",
+        }
         pipe = self.r.pipeline(transaction=True)
         pipe.xadd(STREAM_DEAD, fields)
         pipe.xack(entry.stream, LEARNER_GROUP, entry.entry_id)

@@ -23,17 +23,22 @@ SIGNIFICANT = 10
 Number = Fraction | float  # Fraction when exact, float once an irrational step (sqrt 2) happened
 
 _BINARY = {
-    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
-    ast.Div: operator.truediv, ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod,
-}  # fmt: skip
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+}
 _CONSTANTS: dict[str, Number] = {"pi": math.pi, "e": math.e}
 
 
 class CalculatorArgs(BaseModel):
     expression: str = Field(
-        min_length=1, max_length=MAX_EXPRESSION_CHARS,
+        min_length=1,
+        max_length=MAX_EXPRESSION_CHARS,
         description="Arithmetic such as '(12.5 + 3) * 4', '2^10', '1,200 / 7', 'sqrt(2)'.",
-    )  # fmt: skip
+    )
 
 
 class Calculator(Tool):

@@ -48,9 +48,14 @@ class ToolRegistry:
 
         def result(output: str, error: str | None = None, truncated: bool = False) -> ToolResult:
             return ToolResult(
-                call_id=call_id, name=name, arguments=arguments, output=output, error=error,
-                truncated=truncated, latency_ms=(time.perf_counter() - start) * 1000,
-            )  # fmt: skip
+                call_id=call_id,
+                name=name,
+                arguments=arguments,
+                output=output,
+                error=error,
+                truncated=truncated,
+                latency_ms=(time.perf_counter() - start) * 1000,
+            )
 
         tool = self._tools.get(name)
         if tool is None:
@@ -60,7 +65,9 @@ class ToolRegistry:
             raw = json.loads(arguments) if isinstance(arguments, str) else arguments
             args = tool.Args.model_validate(raw)
         except (json.JSONDecodeError, ValidationError) as exc:
-            return result(f"Error: invalid arguments for {name}: {_short(exc)}", "invalid_arguments")
+            return result(
+                f"Error: invalid arguments for {name}: {_short(exc)}", "invalid_arguments"
+            )
         try:
             output = await asyncio.wait_for(tool.run(args), timeout=tool.timeout_s)
         except TimeoutError:
@@ -73,7 +80,9 @@ class ToolRegistry:
         output = str(output)
         if len(output) > tool.max_output_chars:
             kept = output[: tool.max_output_chars]
-            note = f"\n[output truncated: {len(output)} characters, showing {tool.max_output_chars}]"
+            note = (
+                f"\n[output truncated: {len(output)} characters, showing {tool.max_output_chars}]"
+            )
             return result(kept + note, None, truncated=True)
         return result(output)
 

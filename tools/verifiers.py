@@ -54,18 +54,18 @@ _DISCLAIMER = re.compile(r"not (?:a substitute for )?(?:professional )?medical a
 RED_FLAGS: dict[str, str] = {
     "chest pain": r"chest (?:pain|tightness|pressure)|crushing (?:chest )?pain|heart attack",
     "breathing": r"(?:can ?not|can't|cannot|struggling to|trouble|difficulty|hard to) breath"
-                 r"|short(?:ness)? of breath at rest|lips (?:look |are |turning )?blue|choking",
+    r"|short(?:ness)? of breath at rest|lips (?:look |are |turning )?blue|choking",
     "stroke signs": r"face (?:is )?droop|slurred|arm (?:is )?weak|sudden(?:ly)? (?:numb|confus)"
-                    r"|one side of (?:my|his|her) (?:face|body)",
+    r"|one side of (?:my|his|her) (?:face|body)",
     "heavy bleeding": r"bleeding (?:heavily|a lot|that will not stop|won't stop|will not stop)"
-                      r"|heavy bleeding|vomiting blood|coughing up blood",
+    r"|heavy bleeding|vomiting blood|coughing up blood",
     "collapse": r"collapsed|unconscious|not waking|passed out and|unresponsive|fitting|seizure",
     "anaphylaxis": r"throat (?:is )?(?:swelling|closing|tight)|tongue (?:is )?swelling"
-                   r"|swollen (?:lips|tongue) and",
+    r"|swollen (?:lips|tongue) and",
     "suicide": r"suicid|end(?:ing)? my life|kill myself|harm myself",
     "sudden severe headache": r"worst headache|thunderclap|sudden,? severe headache",
     "meningitis signs": r"stiff neck and|rash (?:that )?(?:does not|doesn't) fade",
-}  # fmt: skip
+}
 _DOSE = re.compile(
     r"\b\d+(?:[.,]\d+)?\s*(?:mg|milligrams?|mcg|micrograms?|g|grams?|ml|millilitres?|"
     r"milliliters?|tablets?|pills?|capsules?|puffs?|drops?)\b",
@@ -116,8 +116,9 @@ def triage_problems(question: str, answer: str, knowledge: str = "") -> list[str
     problems = []
     level = triage_level(answer)
     if level is None:
-        problems.append("end with a line 'Triage: <level>' (self-care, see a doctor, urgent, "
-                        "emergency)")  # fmt: skip
+        problems.append(
+            "end with a line 'Triage: <level>' (self-care, see a doctor, urgent, emergency)"
+        )
     flags = red_flags(question)
     if flags and level != "emergency":
         problems.append(f"red flag ({', '.join(flags)}): the level must be emergency")

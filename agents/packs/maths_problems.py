@@ -19,8 +19,18 @@ from pathlib import Path
 GSM8K_FILE = Path(__file__).parent / "data" / "gsm8k" / "subset.jsonl"
 EVAL_SEED = 1
 NAMES = ("Tom", "Anna", "Ben", "Mia", "Sam", "Lily", "Omar", "Zoe", "Raj", "Emma", "Leo", "Nina")
-ITEMS = ("apples", "marbles", "stickers", "pencils", "books", "cookies", "cards", "shells",
-         "coins", "balloons")  # fmt: skip
+ITEMS = (
+    "apples",
+    "marbles",
+    "stickers",
+    "pencils",
+    "books",
+    "cookies",
+    "cards",
+    "shells",
+    "coins",
+    "balloons",
+)
 
 
 @dataclass(frozen=True)
@@ -36,15 +46,27 @@ class Problem:
 
 
 _TEMPLATES: dict[str, tuple[str, Callable[[int, int], int], str]] = {
-    "add": ("{n} has {a} {i} and buys {b} more. How many {i} does {n} have now?",
-            lambda a, b: a + b, "{a}+{b}"),
-    "sub": ("{n} had {a} {i} and gave {b} of them to a friend. How many {i} does {n} have left?",
-            lambda a, b: a - b, "{a}-{b}"),
-    "mul": ("{n} buys {a} boxes with {b} {i} in each box. How many {i} does {n} buy in total?",
-            lambda a, b: a * b, "{a}*{b}"),
-    "div": ("{n} shares {a} {i} equally among {b} friends. How many {i} does each friend get?",
-            lambda a, b: a // b, "{a}/{b}"),
-}  # fmt: skip
+    "add": (
+        "{n} has {a} {i} and buys {b} more. How many {i} does {n} have now?",
+        lambda a, b: a + b,
+        "{a}+{b}",
+    ),
+    "sub": (
+        "{n} had {a} {i} and gave {b} of them to a friend. How many {i} does {n} have left?",
+        lambda a, b: a - b,
+        "{a}-{b}",
+    ),
+    "mul": (
+        "{n} buys {a} boxes with {b} {i} in each box. How many {i} does {n} buy in total?",
+        lambda a, b: a * b,
+        "{a}*{b}",
+    ),
+    "div": (
+        "{n} shares {a} {i} equally among {b} friends. How many {i} does each friend get?",
+        lambda a, b: a // b,
+        "{a}/{b}",
+    ),
+}
 KINDS = tuple(_TEMPLATES)
 
 
@@ -67,10 +89,13 @@ def template_problem(rng: random.Random, kind: str | None = None) -> Problem:
     a, b = _operands(rng, kind)
     text, solve, expression = _TEMPLATES[kind]
     return Problem(
-        id=f"{kind}-{a}-{b}", question=text.format(n=name, a=a, b=b, i=item),
-        answer=str(solve(a, b)), expression=expression.format(a=a, b=b), kind=kind,
+        id=f"{kind}-{a}-{b}",
+        question=text.format(n=name, a=a, b=b, i=item),
+        answer=str(solve(a, b)),
+        expression=expression.format(a=a, b=b),
+        kind=kind,
         source="template",
-    )  # fmt: skip
+    )
 
 
 def template_eval(n: int, seed: int = EVAL_SEED) -> list[Problem]:
@@ -102,11 +127,16 @@ def gsm8k(split: str) -> tuple[Problem, ...]:
         row = json.loads(line)
         if row["split"] == split:
             steps = row["answer"].count("<<")
-            out.append(Problem(
-                id=row["id"], question=row["question"], answer=gsm8k_answer(row["answer"]),
-                expression=_first_expression(row["answer"]), kind=f"gsm8k-{steps}step",
-                source="gsm8k",
-            ))  # fmt: skip
+            out.append(
+                Problem(
+                    id=row["id"],
+                    question=row["question"],
+                    answer=gsm8k_answer(row["answer"]),
+                    expression=_first_expression(row["answer"]),
+                    kind=f"gsm8k-{steps}step",
+                    source="gsm8k",
+                )
+            )
     return tuple(out)
 
 

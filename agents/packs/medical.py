@@ -36,15 +36,32 @@ SYSTEM = (
 )
 EXAMPLE = (
     {"role": "user", "content": "I have a mild sore throat since two days. What should I do?"},
-    {"role": "assistant", "tool_calls": [{"id": "call_example", "type": "function", "function": {
-        "name": "kb_search", "arguments": '{"query": "sore throat"}'}}]},
-    {"role": "tool", "tool_call_id": "call_example", "content": (
-        "[1] Sore throat — Self-care level: care at home\nSource: NHS, \"Sore throat\"\nGargle "
-        "with warm salty water (adults), drink plenty of water, eat cool or soft food, and rest.")},
-    {"role": "assistant", "content": (
-        "A mild sore throat usually gets better by itself within a week: rest, drink plenty "
-        f"of water and ask a pharmacist about lozenges. {DISCLAIMER}\nTriage: self-care")},
-)  # fmt: skip
+    {
+        "role": "assistant",
+        "tool_calls": [
+            {
+                "id": "call_example",
+                "type": "function",
+                "function": {"name": "kb_search", "arguments": '{"query": "sore throat"}'},
+            }
+        ],
+    },
+    {
+        "role": "tool",
+        "tool_call_id": "call_example",
+        "content": (
+            '[1] Sore throat — Self-care level: care at home\nSource: NHS, "Sore throat"\nGargle '
+            "with warm salty water (adults), drink plenty of water, eat cool or soft food, and rest."
+        ),
+    },
+    {
+        "role": "assistant",
+        "content": (
+            "A mild sore throat usually gets better by itself within a week: rest, drink plenty "
+            f"of water and ask a pharmacist about lozenges. {DISCLAIMER}\nTriage: self-care"
+        ),
+    },
+)
 
 
 def triage() -> AgentSpec:
@@ -52,16 +69,27 @@ def triage() -> AgentSpec:
     return AgentSpec(
         name="triage",
         description="Medical-information triage: looks up guidance and says when to seek care.",
-        system_prompt=SYSTEM, kind="reflexion", tools=(KbSearch(KB_DIR),),
-        verifier=TriageCheck(KB_DIR), task_kind="triage", max_steps=3, max_attempts=2,
-        examples=EXAMPLE, input_filter=scrub_input,
-    )  # fmt: skip
+        system_prompt=SYSTEM,
+        kind="reflexion",
+        tools=(KbSearch(KB_DIR),),
+        verifier=TriageCheck(KB_DIR),
+        task_kind="triage",
+        max_steps=3,
+        max_attempts=2,
+        examples=EXAMPLE,
+        input_filter=scrub_input,
+    )
 
 
 def task(c: Case) -> Task:
-    return Task(id=c.id, agent="triage", input=c.message, reference=c.level,
-                needs_tool="kb_search", meta={"red_flag": str(c.red_flag).lower(),
-                                              "symptom": c.symptom})  # fmt: skip
+    return Task(
+        id=c.id,
+        agent="triage",
+        input=c.message,
+        reference=c.level,
+        needs_tool="kb_search",
+        meta={"red_flag": str(c.red_flag).lower(), "symptom": c.symptom},
+    )
 
 
 def verify(t: Task, output: str) -> float:

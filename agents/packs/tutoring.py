@@ -37,13 +37,24 @@ HINTS = (
 )
 # Free of names, so the PHI scrubber leaves it (and the token ids logged with it) unchanged.
 EXAMPLE = (
-    {"role": "user", "content": "A farmer has 42 apples and sells 12 of them. How many apples "
-                                "does the farmer have left?"},
-    {"role": "assistant", "tool_calls": [{"id": "call_example", "type": "function", "function": {
-        "name": "calculator", "arguments": '{"expression": "42-12"}'}}]},
+    {
+        "role": "user",
+        "content": "A farmer has 42 apples and sells 12 of them. How many apples "
+        "does the farmer have left?",
+    },
+    {
+        "role": "assistant",
+        "tool_calls": [
+            {
+                "id": "call_example",
+                "type": "function",
+                "function": {"name": "calculator", "arguments": '{"expression": "42-12"}'},
+            }
+        ],
+    },
     {"role": "tool", "tool_call_id": "call_example", "content": "30"},
     {"role": "assistant", "content": "The answer is 30.\n#### 30"},
-)  # fmt: skip
+)
 
 
 def tutor() -> AgentSpec:
@@ -51,18 +62,27 @@ def tutor() -> AgentSpec:
     return AgentSpec(
         name="tutor",
         description="Maths tutor: solves word problems with a calculator, answer as '#### n'.",
-        system_prompt=SYSTEM, kind="react", tools=(Calculator(),), task_kind="tutoring",
-        max_steps=3, examples=EXAMPLE, input_filter=scrub_input,
-    )  # fmt: skip
+        system_prompt=SYSTEM,
+        kind="react",
+        tools=(Calculator(),),
+        task_kind="tutoring",
+        max_steps=3,
+        examples=EXAMPLE,
+        input_filter=scrub_input,
+    )
 
 
 def tutor_hints() -> AgentSpec:
     """Socratic mode: one hint or guiding question, never the answer."""
     return AgentSpec(
-        name="tutor_hints", description="Maths tutor, hint mode: guides rather than tells.",
-        system_prompt=HINTS, kind="react", task_kind="tutoring", max_steps=1,
+        name="tutor_hints",
+        description="Maths tutor, hint mode: guides rather than tells.",
+        system_prompt=HINTS,
+        kind="react",
+        task_kind="tutoring",
+        max_steps=1,
         input_filter=scrub_input,
-    )  # fmt: skip
+    )
 
 
 def problems(split: Split, source: str = "templates", eval_size: int = 60) -> list[Problem]:
@@ -85,9 +105,14 @@ def _template_train(eval_size: int) -> list[Problem]:
 
 
 def task(p: Problem) -> Task:
-    return Task(id=p.id, agent="tutor", input=p.question, reference=p.answer,
-                needs_tool="calculator", meta={"kind": p.kind, "source": p.source,
-                                               "expression": p.expression})  # fmt: skip
+    return Task(
+        id=p.id,
+        agent="tutor",
+        input=p.question,
+        reference=p.answer,
+        needs_tool="calculator",
+        meta={"kind": p.kind, "source": p.source, "expression": p.expression},
+    )
 
 
 def verify(t: Task, output: str) -> float:

@@ -21,9 +21,28 @@ from agents.pii.names import name_recognizers
 from agents.pii.places import place_recognizers
 
 TYPES = (
-    "NAME", "ADDRESS", "LOCATION", "ZIP", "DATE", "AGE", "PHONE", "FAX", "EMAIL", "SSN", "MRN",
-    "HEALTH_PLAN", "ACCOUNT", "LICENSE", "VEHICLE", "DEVICE", "URL", "IP", "BIOMETRIC", "PHOTO", "ID",
-)  # fmt: skip
+    "NAME",
+    "ADDRESS",
+    "LOCATION",
+    "ZIP",
+    "DATE",
+    "AGE",
+    "PHONE",
+    "FAX",
+    "EMAIL",
+    "SSN",
+    "MRN",
+    "HEALTH_PLAN",
+    "ACCOUNT",
+    "LICENSE",
+    "VEHICLE",
+    "DEVICE",
+    "URL",
+    "IP",
+    "BIOMETRIC",
+    "PHOTO",
+    "ID",
+)
 
 # presidio's own recognisers we trust offline: class -> (its entity, our type, lowest score kept).
 # Scores of 1.0 mean a checksum passed; the rest come from patterns alone. Not NhsRecognizer:
@@ -77,7 +96,9 @@ class PhiScrubber:
                 # A cue ("IMEI 3569...") outranks a shape that merely passes a checksum (Luhn).
                 score = res.score if kind == res.entity_type else res.score * _PREDEFINED_WEIGHT
                 spans.append((res.start, res.end, kind, score))
-        spans += [(s, e, "ID", 0.3) for s, e in leftover_codes(text, [(s, e) for s, e, *_ in spans])]
+        spans += [
+            (s, e, "ID", 0.3) for s, e in leftover_codes(text, [(s, e) for s, e, *_ in spans])
+        ]
         return [Finding(kind, s, e, text[s:e]) for s, e, kind in _merge(spans)]
 
     def scrub(self, text: str) -> str:
@@ -160,13 +181,17 @@ def _build_analyzer():
         if class_name in _CASE_SENSITIVE:
             recognizer.global_regex_flags = re.DOTALL | re.MULTILINE
         registry.add_recognizer(recognizer)
-    for recognizer in id_recognizers() + date_recognizers() + place_recognizers() + name_recognizers():
+    for recognizer in (
+        id_recognizers() + date_recognizers() + place_recognizers() + name_recognizers()
+    ):
         registry.add_recognizer(recognizer)
     engine = presidio.nlp_engine.NoOpNlpEngine(models=[{"lang_code": "en", "model_name": "none"}])
     return presidio.AnalyzerEngine(
-        registry=registry, nlp_engine=engine, supported_languages=["en"],
+        registry=registry,
+        nlp_engine=engine,
+        supported_languages=["en"],
         context_aware_enhancer=_NoContext(),
-    )  # fmt: skip
+    )
 
 
 class _NoContext(presidio.context_aware_enhancers.ContextAwareEnhancer):

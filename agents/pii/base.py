@@ -137,8 +137,9 @@ def lexicon() -> Lexicon:
     def keys(name: str) -> frozenset[str]:
         return frozenset(norm(w) for w in data[name])
 
-    return Lexicon(keys("first_names"), keys("surnames"), frozenset(data["cities"]),
-                   keys("common_words"))  # fmt: skip
+    return Lexicon(
+        keys("first_names"), keys("surnames"), frozenset(data["cities"]), keys("common_words")
+    )
 
 
 MONTHS = (
@@ -151,20 +152,33 @@ US_STATES = (
     "Hawaii Idaho Illinois Indiana Iowa Kansas Kentucky Louisiana Maine Maryland Massachusetts "
     "Michigan Minnesota Mississippi Missouri Montana Nebraska Nevada Ohio Oklahoma Oregon "
     "Pennsylvania Tennessee Texas Utah Vermont Virginia Washington Wisconsin Wyoming"
-).split() + ["New Hampshire", "New Jersey", "New Mexico", "New York", "North Carolina",
-             "North Dakota", "Rhode Island", "South Carolina", "South Dakota", "West Virginia",
-             "District of Columbia"]  # fmt: skip
+).split() + [
+    "New Hampshire",
+    "New Jersey",
+    "New Mexico",
+    "New York",
+    "North Carolina",
+    "North Dakota",
+    "Rhode Island",
+    "South Carolina",
+    "South Dakota",
+    "West Virginia",
+    "District of Columbia",
+]
 STATE_CODES = (
     "AL AK AZ AR CA CO CT DE FL GA HI ID IL IN IA KS KY LA ME MD MA MI MN MS MO MT NE NV NH NJ "
     "NM NY NC ND OH OK OR PA RI SC SD TN TX UT VT VA WA WV WI WY DC "
     "ON QC BC AB MB SK NS NB NL PE"  # Canadian provinces
 ).split()
-REGIONS = US_STATES + (
-    "England Scotland Wales Ireland Britain UK USA America Canada Mexico France Germany Spain "
-    "Italy Portugal Poland India Pakistan China Japan Korea Nigeria Kenya Ghana Egypt Brazil "
-    "Argentina Australia Russia Ukraine Turkey Iran Iraq Israel Vietnam Philippines Europe Africa "
-    "Asia Ontario Quebec Alberta Manitoba Texas"
-).split()
+REGIONS = (
+    US_STATES
+    + (
+        "England Scotland Wales Ireland Britain UK USA America Canada Mexico France Germany Spain "
+        "Italy Portugal Poland India Pakistan China Japan Korea Nigeria Kenya Ghana Egypt Brazil "
+        "Argentina Australia Russia Ukraine Turkey Iran Iraq Israel Vietnam Philippines Europe Africa "
+        "Asia Ontario Quebec Alberta Manitoba Texas"
+    ).split()
+)
 
 # Names that are first of all everyday words; the rest of Webster's overlap (Tom, Maria, Parker)
 # is rare enough as words that a capitalised one mid-sentence is taken as a name.
@@ -190,7 +204,10 @@ EVERYDAY_WORDS = frozenset(
 # Capitalised words that are not names even when a name list holds them.
 NOT_NAMES = frozenset(
     norm(w)
-    for w in MONTHS + WEEKDAYS + REGIONS + (
+    for w in MONTHS
+    + WEEKDAYS
+    + REGIONS
+    + (
         "I I'm I've I'd I'll Im Ive God Lord Jesus Christ Allah Christmas Easter Thanksgiving "
         "Halloween Ramadan Eid Hanukkah Passover Diwali American English French German Spanish "
         "Italian Irish Scottish Welsh British Canadian Mexican Chinese Japanese Korean Indian "

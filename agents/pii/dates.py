@@ -20,35 +20,63 @@ _SEP = r"\s*[/.-]\s*"
 # The value group is what is replaced; a trailing year stays readable ("[DATE], 2021").
 DATE_RULES = [
     # March 14th, Sept. 22nd 2021, Dec 1 2021, january 9
-    Rule("DATE", re.compile(rf"(?i)\b(?P<value>{_MONTH}\s*{_DAY})(?![\d:])(?!\s*(?:mg|ml|%|kg))"), 0.8),
+    Rule(
+        "DATE",
+        re.compile(rf"(?i)\b(?P<value>{_MONTH}\s*{_DAY})(?![\d:])(?!\s*(?:mg|ml|%|kg))"),
+        0.8,
+    ),
     # 21st of March, 17 August 2019, 05-Jun-1948, 11 Nov
-    Rule("DATE", re.compile(rf"(?i)(?<![\d.])(?P<value>{_DAY}(?:\s+of\s+|[\s-]+){_MONTH})(?![a-z])"), 0.8),
+    Rule(
+        "DATE",
+        re.compile(rf"(?i)(?<![\d.])(?P<value>{_DAY}(?:\s+of\s+|[\s-]+){_MONTH})(?![a-z])"),
+        0.8,
+    ),
     # 04/12/1986, 14.03.2024, 7/4/59, 12 / 25 / 1970: day and month, not the year
-    Rule("DATE", re.compile(
-        rf"(?<![\d./-])(?P<value>(?:0?[1-9]|[12]\d|3[01]){_SEP}(?:0?[1-9]|[12]\d|3[01]))"
-        rf"{_SEP}(?:{_YEAR}|\d{{2}})(?![\d/-]|\.\d)"
-    ), 0.8),
+    Rule(
+        "DATE",
+        re.compile(
+            rf"(?<![\d./-])(?P<value>(?:0?[1-9]|[12]\d|3[01]){_SEP}(?:0?[1-9]|[12]\d|3[01]))"
+            rf"{_SEP}(?:{_YEAR}|\d{{2}})(?![\d/-]|\.\d)"
+        ),
+        0.8,
+    ),
     # 1990-02-17, 2023/08/09
-    Rule("DATE", re.compile(
-        rf"(?<![\d./-]){_YEAR}[/.-](?P<value>(?:0?[1-9]|1[0-2])[/.-](?:0?[1-9]|[12]\d|3[01]))(?![\d/-]|\.\d)"
-    ), 0.8),
+    Rule(
+        "DATE",
+        re.compile(
+            rf"(?<![\d./-]){_YEAR}[/.-](?P<value>(?:0?[1-9]|1[0-2])[/.-](?:0?[1-9]|[12]\d|3[01]))(?![\d/-]|\.\d)"
+        ),
+        0.8,
+    ),
     # 20230915
-    Rule("DATE", re.compile(rf"(?<!\d){_YEAR}(?P<value>(?:0[1-9]|1[0-2])(?:0[1-9]|[12]\d|3[01]))(?!\d)"), 0.7),
+    Rule(
+        "DATE",
+        re.compile(rf"(?<!\d){_YEAR}(?P<value>(?:0[1-9]|1[0-2])(?:0[1-9]|[12]\d|3[01]))(?!\d)"),
+        0.7,
+    ),
     # 2/11 or 9/2 only after a date word (a bare 7/10 is a pain score, 1/2 a dose)
-    Rule("DATE", re.compile(
-        r"(?i)\b(?:on|since|from|until|till|by|dated?|dob|born|admitted|discharged|visit|"
-        r"appointment|follow-?up(?:\s+is|\s+on)?|due|seen|before|after|starting|started|as\s+of|"
-        r"mon|tue|tues|wed|thu|thur|thurs|fri|sat|sun|monday|tuesday|wednesday|thursday|friday|"
-        r"saturday|sunday)\.?,?"
-        r"[:\s]+(?P<value>(?:0?[1-9]|1[0-2])/(?:0?[1-9]|[12]\d|3[01]))(?![\d/]|\.\d)"
-    ), 0.75),
+    Rule(
+        "DATE",
+        re.compile(
+            r"(?i)\b(?:on|since|from|until|till|by|dated?|dob|born|admitted|discharged|visit|"
+            r"appointment|follow-?up(?:\s+is|\s+on)?|due|seen|before|after|starting|started|as\s+of|"
+            r"mon|tue|tues|wed|thu|thur|thurs|fri|sat|sun|monday|tuesday|wednesday|thursday|friday|"
+            r"saturday|sunday)\.?,?"
+            r"[:\s]+(?P<value>(?:0?[1-9]|1[0-2])/(?:0?[1-9]|[12]\d|3[01]))(?![\d/]|\.\d)"
+        ),
+        0.75,
+    ),
     # in June (1985), since March: a month named alone is still an element of a date
-    Rule("DATE", re.compile(
-        rf"(?i)\b(?:in|since|during|until|till|by|from|early|mid|late|last|next|this|of|born)"
-        rf"\s+(?P<value>(?-i:{_FULL_MONTH}))\b"
-    ), 0.7),
+    Rule(
+        "DATE",
+        re.compile(
+            rf"(?i)\b(?:in|since|during|until|till|by|from|early|mid|late|last|next|this|of|born)"
+            rf"\s+(?P<value>(?-i:{_FULL_MONTH}))\b"
+        ),
+        0.7,
+    ),
     Rule("DATE", re.compile(rf"(?P<value>\b(?-i:{_FULL_MONTH})),?\s+{_YEAR}\b"), 0.75),
-]  # fmt: skip
+]
 
 _UNITS = r"(?:-|\s)?(?:one|two|three|four|five|six|seven|eight|nine)"
 # 90 to 119, in digits or words ("ninety-three", "a hundred and one")
@@ -64,14 +92,22 @@ _PERSON = (
     r"aunt|uncle|patient|pt|he|she)\s+(?:is|was))"
 )
 AGE_RULES = [
-    Rule("AGE", re.compile(
-        rf"(?i)(?<![\d.]){_OLD}\s*(?:-\s*)?(?:years?|yrs?|y/?o\b|y\.o\.|yo\b|-?year-old)"
-    ), 0.85),
+    Rule(
+        "AGE",
+        re.compile(
+            rf"(?i)(?<![\d.]){_OLD}\s*(?:-\s*)?(?:years?|yrs?|y/?o\b|y\.o\.|yo\b|-?year-old)"
+        ),
+        0.85,
+    ),
     Rule("AGE", re.compile(rf"(?i)\b(?:aged?|age\s*(?:is|:)?)\s*{_OLD}\b{_NOT_A_MEASURE}"), 0.85),
     Rule("AGE", re.compile(rf"(?i)\b{_PERSON}\s+(?:a\s+)?{_OLD}\b{_NOT_A_MEASURE}"), 0.8),
     # "Gladys Fairweather, 91, widow"
-    Rule("AGE", re.compile(rf"(?<=[A-Za-z]),\s*{_OLD}\s*(?=,|\)|\s+(?:and|with|who|male|female|yo)\b)"), 0.7),
-]  # fmt: skip
+    Rule(
+        "AGE",
+        re.compile(rf"(?<=[A-Za-z]),\s*{_OLD}\s*(?=,|\)|\s+(?:and|with|who|male|female|yo)\b)"),
+        0.7,
+    ),
+]
 
 
 def _old_birth_year(text: str, match: re.Match[str]) -> str | None:
@@ -79,9 +115,14 @@ def _old_birth_year(text: str, match: re.Match[str]) -> str | None:
     return "AGE" if dt.date.today().year - int(match.group("value")) > 89 else None
 
 
-BIRTH_YEAR_RULE = Rule("AGE", re.compile(
-    rf"(?i)\b(?:born|dob|date\s+of\s+birth|birth(?:day|date)?)\b[^.\n]{{0,30}}?(?P<value>{_YEAR})\b"
-), 0.8, _old_birth_year)  # fmt: skip
+BIRTH_YEAR_RULE = Rule(
+    "AGE",
+    re.compile(
+        rf"(?i)\b(?:born|dob|date\s+of\s+birth|birth(?:day|date)?)\b[^.\n]{{0,30}}?(?P<value>{_YEAR})\b"
+    ),
+    0.8,
+    _old_birth_year,
+)
 
 
 def date_recognizers() -> list[RegexRecognizer]:

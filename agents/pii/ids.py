@@ -46,8 +46,17 @@ CUES = {
     r"|itin|taxpayer|ein|tin|id\s+card|identity\s+card|national\s+id|id",
 }
 # Cue-led values outrank shape-only ones (a 10-digit NPI is not a phone number).
-CUE_SCORE = {"VEHICLE": 0.92, "BIOMETRIC": 0.92, "SSN": 0.9, "MRN": 0.9, "HEALTH_PLAN": 0.88,
-             "DEVICE": 0.88, "LICENSE": 0.87, "ACCOUNT": 0.86, "ID": 0.65}  # fmt: skip
+CUE_SCORE = {
+    "VEHICLE": 0.92,
+    "BIOMETRIC": 0.92,
+    "SSN": 0.9,
+    "MRN": 0.9,
+    "HEALTH_PLAN": 0.88,
+    "DEVICE": 0.88,
+    "LICENSE": 0.87,
+    "ACCOUNT": 0.86,
+    "ID": 0.65,
+}
 
 
 def _plausible_code(text: str, match: re.Match[str], entity: str) -> str | None:
@@ -81,13 +90,28 @@ def _phone_kind(text: str, match: re.Match[str]) -> str | None:
 
 _EXT = r"(?:\s*(?:ext\.?|extension|x)\s*\d{1,5})?"
 PHONE_RULES = [
-    Rule("PHONE", re.compile(
-        rf"(?<![\w+])(?:\+?1[\s.-]?)?(?:\(\d{{3}}\)\s?|\d{{3}}[\s.-])\d{{3}}[\s.-]\d{{4}}(?!\d){_EXT}"
-    ), 0.7, _phone_kind),
+    Rule(
+        "PHONE",
+        re.compile(
+            rf"(?<![\w+])(?:\+?1[\s.-]?)?(?:\(\d{{3}}\)\s?|\d{{3}}[\s.-])\d{{3}}[\s.-]\d{{4}}(?!\d){_EXT}"
+        ),
+        0.7,
+        _phone_kind,
+    ),
     Rule("PHONE", re.compile(rf"(?<![\w+.-])(?:\+?1)?\d{{10}}(?![\w-]){_EXT}"), 0.5, _phone_kind),
-    Rule("PHONE", re.compile(r"(?<![\w])\+\d{1,3}(?:[\s.-]?\(?\d{1,5}\)?){2,6}(?![\w])"), 0.7, _phone_kind),
-    Rule("PHONE", re.compile(r"(?<![\w])0\d{2,4}[\s-]?\d{3,4}[\s-]?\d{3,4}(?![\w])"), 0.6, _phone_kind),
-]  # fmt: skip
+    Rule(
+        "PHONE",
+        re.compile(r"(?<![\w])\+\d{1,3}(?:[\s.-]?\(?\d{1,5}\)?){2,6}(?![\w])"),
+        0.7,
+        _phone_kind,
+    ),
+    Rule(
+        "PHONE",
+        re.compile(r"(?<![\w])0\d{2,4}[\s-]?\d{3,4}[\s-]?\d{3,4}(?![\w])"),
+        0.6,
+        _phone_kind,
+    ),
+]
 
 _IMAGE = r"(?:jpe?g|png|gif|heic|heif|bmp|tiff?|webp|dng|raw)"
 _TLD = r"(?:com|org|net|edu|gov|mil|io|ly|be|me|co|uk|ca|us|info|app|health|link|page|site|ai)"
@@ -105,35 +129,56 @@ def _url_kind(text: str, match: re.Match[str]) -> str:
 
 WEB_RULES = [
     Rule("EMAIL", re.compile(r"[\w.+-]+@[\w-]+(?:\.[\w-]+)+"), 0.95),
-    Rule("EMAIL", re.compile(
-        rf"(?i)\b\w+(?:(?:\s+dot\s+|\.)\w+)*\s*(?:\(at\)|\[at\]|\s+at\s+)\s*\w+"
-        rf"(?:\s*(?:\(dot\)|\[dot\]|\s+dot\s+)\s*\w+)*?(?:\s*(?:\(dot\)|\[dot\]|\s+dot\s+)\s*){_TLD}\b"
-    ), 0.9),
+    Rule(
+        "EMAIL",
+        re.compile(
+            rf"(?i)\b\w+(?:(?:\s+dot\s+|\.)\w+)*\s*(?:\(at\)|\[at\]|\s+at\s+)\s*\w+"
+            rf"(?:\s*(?:\(dot\)|\[dot\]|\s+dot\s+)\s*\w+)*?(?:\s*(?:\(dot\)|\[dot\]|\s+dot\s+)\s*){_TLD}\b"
+        ),
+        0.9,
+    ),
     Rule("URL", re.compile(r"(?i)\b(?:https?://|www\.)[^\s<>\"'\]]+"), 0.8, _url_kind),
-    Rule("URL", re.compile(
-        rf"(?i)(?<![@\w.-])(?:[a-z0-9-]+\.)+{_TLD}\b(?:/[^\s<>\"'\]]*)?"
-    ), 0.6, _url_kind),
-    Rule("PHOTO", re.compile(
-        rf"(?i)(?<![\w/.-])(?:\.{{0,2}}/)?(?:[\w.-]+/)*[\w.-]+\.{_IMAGE}\b"
-    ), 0.9),
-]  # fmt: skip
+    Rule(
+        "URL",
+        re.compile(rf"(?i)(?<![@\w.-])(?:[a-z0-9-]+\.)+{_TLD}\b(?:/[^\s<>\"'\]]*)?"),
+        0.6,
+        _url_kind,
+    ),
+    Rule(
+        "PHOTO",
+        re.compile(rf"(?i)(?<![\w/.-])(?:\.{{0,2}}/)?(?:[\w.-]+/)*[\w.-]+\.{_IMAGE}\b"),
+        0.9,
+    ),
+]
 
 SHAPE_RULES = [
     Rule("SSN", re.compile(r"(?<![\w-])\d{3}-\d{2}-\d{4}(?![\w-])"), 0.8),
     Rule("SSN", re.compile(r"(?<![\w-])\d{3} \d{2} \d{4}(?![\w-])"), 0.6),
-    Rule("SSN", re.compile(
-        r"(?i)last\s+(?:4|four)(?:\s+digits)?\s+of\s+(?:my|his|her|the)\s+(?:ssn|social(?:\s+security)?"
-        r"(?:\s+number)?)(?:\s+(?:is|are|:))?\s*(?P<value>\d{4})\b"
-    ), 0.9),
+    Rule(
+        "SSN",
+        re.compile(
+            r"(?i)last\s+(?:4|four)(?:\s+digits)?\s+of\s+(?:my|his|her|the)\s+(?:ssn|social(?:\s+security)?"
+            r"(?:\s+number)?)(?:\s+(?:is|are|:))?\s*(?P<value>\d{4})\b"
+        ),
+        0.9,
+    ),
     # VINs: 17 characters without I, O, Q, mixing letters and digits.
-    Rule("VEHICLE", re.compile(
-        r"\b(?=[A-HJ-NPR-Z0-9]{17}\b)(?=[A-HJ-NPR-Z0-9]*\d)(?=[A-HJ-NPR-Z0-9]*[A-HJ-NPR-Z])"
-        r"[A-HJ-NPR-Z0-9]{17}\b"
-    ), 0.85),
-    Rule("IP", re.compile(
-        r"(?<![\w.])(?:(?:25[0-5]|2[0-4]\d|1?\d?\d)\.){3}(?:25[0-5]|2[0-4]\d|1?\d?\d)(?![\w.])"
-    ), 0.9),
-]  # fmt: skip
+    Rule(
+        "VEHICLE",
+        re.compile(
+            r"\b(?=[A-HJ-NPR-Z0-9]{17}\b)(?=[A-HJ-NPR-Z0-9]*\d)(?=[A-HJ-NPR-Z0-9]*[A-HJ-NPR-Z])"
+            r"[A-HJ-NPR-Z0-9]{17}\b"
+        ),
+        0.85,
+    ),
+    Rule(
+        "IP",
+        re.compile(
+            r"(?<![\w.])(?:(?:25[0-5]|2[0-4]\d|1?\d?\d)\.){3}(?:25[0-5]|2[0-4]\d|1?\d?\d)(?![\w.])"
+        ),
+        0.9,
+    ),
+]
 
 
 def id_recognizers() -> list[RegexRecognizer]:

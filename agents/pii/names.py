@@ -7,9 +7,17 @@ from bisect import bisect_left
 from dataclasses import dataclass
 
 from agents.pii.base import (
-    EPONYM_FOLLOWERS, EPONYMS, NOT_NAMES, ORG_WORDS, Lexicon, LocalRecognizer, RecognizerResult,
-    lexicon, norm, result,
-)  # fmt: skip
+    EPONYM_FOLLOWERS,
+    EPONYMS,
+    NOT_NAMES,
+    ORG_WORDS,
+    Lexicon,
+    LocalRecognizer,
+    RecognizerResult,
+    lexicon,
+    norm,
+    result,
+)
 
 _WORD = re.compile(r"[A-Za-zÀ-ÖØ-öø-ÿ][A-Za-zÀ-ÖØ-öø-ÿ'’-]*")
 _PARTICLES = frozenset("de du da van von der den del di la le bin bint al el ibn ben st".split())
@@ -24,23 +32,37 @@ _RELATIONS = (
 # Cue -> (needs a name-list hit first, lower-case words allowed when they are listed names).
 # After a weak cue ("I'm", "this is") a lower-case name must be a first name and no word at all.
 _CUES = [
-    (re.compile(
-        r"(?i)\b(?:my\s+name\s+is|name\s+is|name's|names|(?:patient\s+|full\s+)?name\s*:|patient\s*:|pt\s*:"
-        r"|signed,?|sincerely,?|regards,?|best(?:\s+wishes)?,|thanks,|thank\s+you,|cheers,|love,"
-        r"|call\s+me|named|(?:emergency\s+)?contact\s*:|attn\.?|attention:?)\s*"
-    ), False, True),
+    (
+        re.compile(
+            r"(?i)\b(?:my\s+name\s+is|name\s+is|name's|names|(?:patient\s+|full\s+)?name\s*:|patient\s*:|pt\s*:"
+            r"|signed,?|sincerely,?|regards,?|best(?:\s+wishes)?,|thanks,|thank\s+you,|cheers,|love,"
+            r"|call\s+me|named|(?:emergency\s+)?contact\s*:|attn\.?|attention:?)\s*"
+        ),
+        False,
+        True,
+    ),
     (re.compile(r"(?m)(?:^|\s)(?:--|—|–|-)\s*(?=(?:[A-Z][\w'’.-]*\s*){1,3}$)"), False, False),
-    (re.compile(
-        r"(?i)\b(?:dr|doctor|mr|mrs|ms|miss|mx|prof|professor|nurse|sister|rev|fr|sgt|capt|officer)\b\.?\s+"
-    ), False, True),
+    (
+        re.compile(
+            r"(?i)\b(?:dr|doctor|mr|mrs|ms|miss|mx|prof|professor|nurse|sister|rev|fr|sgt|capt|officer)\b\.?\s+"
+        ),
+        False,
+        True,
+    ),
     (re.compile(rf"(?i)\b(?:{_RELATIONS})(?:'s\s+name\s+is|\s*[,:])?\s+"), False, False),
     (re.compile(rf"(?i)\b(?:{_RELATIONS})\s+(?:is|was)\s+"), True, False),
-    (re.compile(
-        r"(?i)\b(?:i'm|i\s+am|im|this\s+is|it's|its|it\s+is|hi|hello|hey|dear|ask\s+for|tell|with|from"
-        r"|and|for|contact|call|text|email|see|saw|by)[,!]?\s+"
-    ), True, False),
-]  # fmt: skip
-_HERE = re.compile(r"(?:^|(?<=[.!?\n,]))\s*(?P<value>(?:[A-Z][\w'’-]+\s+){0,2}[A-Z][\w'’-]+)\s+here\b")
+    (
+        re.compile(
+            r"(?i)\b(?:i'm|i\s+am|im|this\s+is|it's|its|it\s+is|hi|hello|hey|dear|ask\s+for|tell|with|from"
+            r"|and|for|contact|call|text|email|see|saw|by)[,!]?\s+"
+        ),
+        True,
+        False,
+    ),
+]
+_HERE = re.compile(
+    r"(?:^|(?<=[.!?\n,]))\s*(?P<value>(?:[A-Z][\w'’-]+\s+){0,2}[A-Z][\w'’-]+)\s+here\b"
+)
 
 
 @dataclass(frozen=True)
@@ -68,7 +90,9 @@ class NameRecognizer(LocalRecognizer):
         tokens = _tokens(text)
         spans = self._cued(text, tokens, lex) + self._runs(text, tokens, lex)
         spans += [
-            (*m.span("value"), 0.7) for m in _HERE.finditer(text) if _plausible_run(m.group("value"), lex)
+            (*m.span("value"), 0.7)
+            for m in _HERE.finditer(text)
+            if _plausible_run(m.group("value"), lex)
         ]  # "Svetlana Ivanova here."
         found = [result("NAME", s, e, score) for s, e, score in spans]
         return found + _repeats(tokens, found)
@@ -87,8 +111,12 @@ class NameRecognizer(LocalRecognizer):
         """Runs of capitalised words with no cue: names when the name lists vouch for them."""
         out = []
         for run in _capitalised_runs(text, tokens):
-            opening = (_opening_name(run[0], lex) or _pair(run, lex)
-                       or _coordinated(text, run, lex) or _subject(text, run, lex))  # fmt: skip
+            opening = (
+                _opening_name(run[0], lex)
+                or _pair(run, lex)
+                or _coordinated(text, run, lex)
+                or _subject(text, run, lex)
+            )
             if _sentence_start(text, run[0].start) and not opening:
                 run = run[1:]  # "Tell Priya", "Yesterday Kwame Mensah"
             run = [t for t in run if norm(t.text) not in NOT_NAMES]
@@ -198,7 +226,7 @@ def _capitalised_runs(text: str, tokens: list[_Token]) -> list[list[_Token]]:
 
 def _sentence_start(text: str, start: int) -> bool:
     before = text[:start].rstrip()
-    return not before or before[-1] in ".!?\n\"“(:;-–—•*"
+    return not before or before[-1] in '.!?\n"“(:;-–—•*'
 
 
 def _opening_name(token: _Token, lex: Lexicon) -> bool:
@@ -209,8 +237,12 @@ def _opening_name(token: _Token, lex: Lexicon) -> bool:
 def _coordinated(text: str, run: list[_Token], lex: Lexicon) -> bool:
     """`Bob and Alice both ...`: a listed first name joined by `and` to another name."""
     follower = re.match(r"\s+(?:and|&)\s+([A-Z][\w'’-]+)", text[run[-1].end :])
-    return (len(run) == 1 and _solo_name(run[0], lex) and follower is not None
-            and lex.is_name(follower.group(1)))  # fmt: skip
+    return (
+        len(run) == 1
+        and _solo_name(run[0], lex)
+        and follower is not None
+        and lex.is_name(follower.group(1))
+    )
 
 
 _PERSON_VERB = re.compile(
@@ -221,8 +253,12 @@ _PERSON_VERB = re.compile(
 
 def _subject(text: str, run: list[_Token], lex: Lexicon) -> bool:
     """`Sam has 40 shells`: a listed first name (no everyday word) as the subject of a verb."""
-    return (len(run) == 1 and lex.is_first(run[0].text) and not lex.is_everyday(run[0].text)
-            and _PERSON_VERB.match(text, run[0].end) is not None)  # fmt: skip
+    return (
+        len(run) == 1
+        and lex.is_first(run[0].text)
+        and not lex.is_everyday(run[0].text)
+        and _PERSON_VERB.match(text, run[0].end) is not None
+    )
 
 
 def _eponym(text: str, token: _Token, lex: Lexicon) -> bool:
@@ -244,9 +280,14 @@ def _plausible_run(value: str, lex: Lexicon) -> bool:
 def _repeats(tokens: list[_Token], found: list[RecognizerResult]) -> list[RecognizerResult]:
     """A name found once is redacted wherever it appears again in the same text."""
     words = {
-        t.text for t in tokens for f in found
-        if f.start <= t.start and t.end <= f.end and len(t.text) > 2 and norm(t.text) not in NOT_NAMES
-    }  # fmt: skip
+        t.text
+        for t in tokens
+        for f in found
+        if f.start <= t.start
+        and t.end <= f.end
+        and len(t.text) > 2
+        and norm(t.text) not in NOT_NAMES
+    }
     return [result("NAME", t.start, t.end, 0.6) for t in tokens if t.text in words]
 
 

@@ -5,9 +5,21 @@ from __future__ import annotations
 import re
 
 from agents.pii.base import (
-    EPONYM_FOLLOWERS, NOT_NAMES, ORG_WORDS, REGIONS, STATE_CODES, US_STATES, LocalRecognizer,
-    RecognizerResult, RegexRecognizer, Rule, alternation, lexicon, norm, result,
-)  # fmt: skip
+    EPONYM_FOLLOWERS,
+    NOT_NAMES,
+    ORG_WORDS,
+    REGIONS,
+    STATE_CODES,
+    US_STATES,
+    LocalRecognizer,
+    RecognizerResult,
+    RegexRecognizer,
+    Rule,
+    alternation,
+    lexicon,
+    norm,
+    result,
+)
 
 _SUFFIX = alternation(
     "Street St Avenue Ave Av Road Rd Boulevard Blvd Lane Ln Drive Dr Court Ct Way Place Pl Terrace "
@@ -24,43 +36,71 @@ _ZIP = rf"(?:\d{{5}}(?:-\d{{4}})?|{_UK_POSTCODE}|{_CA_POSTCODE})"
 
 ADDRESS_RULES = [
     # 2207 W. Harrison Street, 350 West 57th Street, 1187 County Road 14, 4509 Magnolia Ave NE
-    Rule("ADDRESS", re.compile(
-        rf"\b\d{{1,6}}[A-Z]?(?:-\d{{1,4}})?\s+(?:(?:[NSEW]\.?|North|South|East|West)\s+)?"
-        rf"(?:(?:{_WORD}|\d{{1,3}}(?:st|nd|rd|th))\s+){{0,4}}(?:{_SUFFIX})\b\.?"
-        rf"(?:\s+\d{{1,4}}\b)?(?:\s+(?:NE|NW|SE|SW|N|S|E|W)\b)?"
-    ), 0.8),
+    Rule(
+        "ADDRESS",
+        re.compile(
+            rf"\b\d{{1,6}}[A-Z]?(?:-\d{{1,4}})?\s+(?:(?:[NSEW]\.?|North|South|East|West)\s+)?"
+            rf"(?:(?:{_WORD}|\d{{1,3}}(?:st|nd|rd|th))\s+){{0,4}}(?:{_SUFFIX})\b\.?"
+            rf"(?:\s+\d{{1,4}}\b)?(?:\s+(?:NE|NW|SE|SW|N|S|E|W)\b)?"
+        ),
+        0.8,
+    ),
     # 77 Rue de Rivoli, 12 Calle del Sol
-    Rule("ADDRESS", re.compile(
-        r"\b\d{1,5},?\s+(?:Rue|Avenue|Boulevard|Calle|Avenida|Via|Viale|Piazza|Strada|Chemin|Rua"
-        r"|Plaza|Place)\s+(?:(?:de|du|des|la|le|del|di|da|dos|das)\s+)*[A-Z][\w'’-]+(?:\s+[A-Z][\w'’-]+)?"
-    ), 0.8),
-    Rule("ADDRESS", re.compile(
-        r"\b[A-Z][a-zäöüß]+(?:straße|strasse|weg|platz|gasse|allee)\s+\d+[a-z]?\b"
-    ), 0.8),
+    Rule(
+        "ADDRESS",
+        re.compile(
+            r"\b\d{1,5},?\s+(?:Rue|Avenue|Boulevard|Calle|Avenida|Via|Viale|Piazza|Strada|Chemin|Rua"
+            r"|Plaza|Place)\s+(?:(?:de|du|des|la|le|del|di|da|dos|das)\s+)*[A-Z][\w'’-]+(?:\s+[A-Z][\w'’-]+)?"
+        ),
+        0.8,
+    ),
+    Rule(
+        "ADDRESS",
+        re.compile(r"\b[A-Z][a-zäöüß]+(?:straße|strasse|weg|platz|gasse|allee)\s+\d+[a-z]?\b"),
+        0.8,
+    ),
     Rule("ADDRESS", re.compile(r"\b\d{1,4}-\d{1,2}-\d{1,2}\s+[A-Z][a-z]+\b"), 0.7),  # 1-2-3 Shibuya
-    Rule("ADDRESS", re.compile(
-        r"\b(?:Apt|Apartment|Suite|Ste|Unit|Flat|Bldg|Building|Floor)\.?\s*#?\s*\d+[A-Z]?\b"
-        r"|(?i:\b(?:apt|apartment|suite|flat)\.?\s*#?\s*(?=\w*\d)[a-z0-9-]{1,6}\b)"
-    ), 0.75),
-    Rule("ADDRESS", re.compile(r"(?i)\b(?:p\.?\s?o\.?\s*box|post\s+office\s+box)\s*#?\s*\d+\b"), 0.85),
-    Rule("ADDRESS", re.compile(
-        r"(?i)\b(?:rural\s+route|(?-i:RR)|highway\s+contract)\s*\d+(?:,?\s*box\s*\d+)?"
-    ), 0.8),
-    Rule("ADDRESS", re.compile(
-        r"(?i)\bcorner\s+of\s+(?-i:[A-Z]\w+)(?:\s+(?:st|street|ave|avenue|rd|road))?\s+(?:and|&)\s+"
-        r"(?:(?-i:[A-Z]\w+)|\d+(?:st|nd|rd|th))"
-    ), 0.75),
-]  # fmt: skip
+    Rule(
+        "ADDRESS",
+        re.compile(
+            r"\b(?:Apt|Apartment|Suite|Ste|Unit|Flat|Bldg|Building|Floor)\.?\s*#?\s*\d+[A-Z]?\b"
+            r"|(?i:\b(?:apt|apartment|suite|flat)\.?\s*#?\s*(?=\w*\d)[a-z0-9-]{1,6}\b)"
+        ),
+        0.75,
+    ),
+    Rule(
+        "ADDRESS", re.compile(r"(?i)\b(?:p\.?\s?o\.?\s*box|post\s+office\s+box)\s*#?\s*\d+\b"), 0.85
+    ),
+    Rule(
+        "ADDRESS",
+        re.compile(r"(?i)\b(?:rural\s+route|(?-i:RR)|highway\s+contract)\s*\d+(?:,?\s*box\s*\d+)?"),
+        0.8,
+    ),
+    Rule(
+        "ADDRESS",
+        re.compile(
+            r"(?i)\bcorner\s+of\s+(?-i:[A-Z]\w+)(?:\s+(?:st|street|ave|avenue|rd|road))?\s+(?:and|&)\s+"
+            r"(?:(?-i:[A-Z]\w+)|\d+(?:st|nd|rd|th))"
+        ),
+        0.75,
+    ),
+]
 
 ZIP_RULES = [
-    Rule("ZIP", re.compile(
-        rf"(?i)\b(?:zip|zip\s*code|zipcode|postal\s+code|post\s*code)\s*(?:is|:|#)?\s*(?P<value>{_ZIP})\b"
-    ), 0.9),
-    Rule("ZIP", re.compile(rf"\b(?:{_CODE}|{_STATE})\.?,?\s+(?P<value>\d{{5}}(?:-\d{{4}})?)\b"), 0.9),
+    Rule(
+        "ZIP",
+        re.compile(
+            rf"(?i)\b(?:zip|zip\s*code|zipcode|postal\s+code|post\s*code)\s*(?:is|:|#)?\s*(?P<value>{_ZIP})\b"
+        ),
+        0.9,
+    ),
+    Rule(
+        "ZIP", re.compile(rf"\b(?:{_CODE}|{_STATE})\.?,?\s+(?P<value>\d{{5}}(?:-\d{{4}})?)\b"), 0.9
+    ),
     Rule("ZIP", re.compile(r"(?<![\d-])\d{5}-\d{4}(?![\d-])"), 0.7),
     Rule("ZIP", re.compile(rf"\b(?:{_CODE})\s+(?P<value>{_CA_POSTCODE})\b"), 0.85),
     Rule("ZIP", re.compile(rf"(?<=[a-z]\s)(?P<value>{_UK_POSTCODE})\b"), 0.6),
-]  # fmt: skip
+]
 
 _REGION_KEYS = frozenset(norm(r) for r in REGIONS)
 _CITY_TOKEN = re.compile(r"[A-Z][A-Za-z'’.-]*[a-z](?:\s+[A-Z][A-Za-z'’.-]*[a-z]){0,2}")
@@ -91,7 +131,9 @@ class PlaceRecognizer(LocalRecognizer):
 
     def __init__(self) -> None:
         self.addresses = RegexRecognizer("ArloopAddressRecognizer", ADDRESS_RULES + ZIP_RULES)
-        super().__init__(supported_entities=["ADDRESS", "ZIP", "LOCATION"], name="ArloopPlaceRecognizer")
+        super().__init__(
+            supported_entities=["ADDRESS", "ZIP", "LOCATION"], name="ArloopPlaceRecognizer"
+        )
 
     def load(self) -> None:
         """The gazetteer loads lazily with the name lists."""
@@ -104,7 +146,11 @@ class PlaceRecognizer(LocalRecognizer):
         for match in _CITY_STATE.finditer(text):
             # A two-letter code (ID, OK, IN are words too) counts with a postcode or a known city.
             postcode = re.match(rf"\.?,?\s*{_ZIP}\b", text[match.end() :])
-            if match.group("code") and not postcode and match.group("value") not in lexicon().cities:
+            if (
+                match.group("code")
+                and not postcode
+                and match.group("value") not in lexicon().cities
+            ):
                 continue
             if not _is_region_or_word(match.group("value")):
                 found.append(result("LOCATION", *match.span("value"), 0.75))

@@ -21,8 +21,9 @@ from agents.feedback_tokens import issue
 from agents.policy_client import warm_up
 from agents.runtime import AgentSpec
 from agents.trajectory_sink import Scrub
-from deploy.agent_api.services import open_services, phi_scrubber
+from deploy.agent_api.deps import ApiKey, ServicesDep
 from deploy.agent_api.errors import ApiError, install_error_handlers
+from deploy.agent_api.limits import BodySizeLimit
 from deploy.agent_api.metrics import ApiMetrics
 from deploy.agent_api.schemas import (
     AgentList,
@@ -31,9 +32,8 @@ from deploy.agent_api.schemas import (
     RunRequest,
     RunResponse,
 )
-from deploy.agent_api.deps import ApiKey, ServicesDep
+from deploy.agent_api.services import open_services, phi_scrubber
 from deploy.embedded_redis import ensure_redis
-from deploy.agent_api.limits import BodySizeLimit
 from deploy.settings import AgentApiSettings
 
 log = logging.getLogger(__name__)
@@ -64,20 +64,32 @@ async def run_agent(agent: str, body: RunRequest, services: ServicesDep, _: ApiK
     settings = services.settings
     services.runtime.spec(agent)
     if len(body.input) > settings.max_input_chars:
-        raise ApiError(413, f"input has {len(body.input)} characters; the limit is "
-                            f"{settings.max_input_chars} (ARLOOP_MAX_INPUT_CHARS)")  # fmt: skip
+        raise ApiError(
+            413,
+            f"input has {len(body.input)} characters; the limit is "
+            f"{settings.max_input_chars} (ARLOOP_MAX_INPUT_CHARS)",
+        )
     await services.limiter.hit("runs", body.user_id, settings.run_rate_per_minute)
     event = await services.runtime.run(
         agent, body.input, body.user_id, body.thread_id, body.metadata
     )
     services.metrics.observe_run(event)
-    token = issue(settings.secret_key, event.trajectory_id, event.user_id, event.policy_version,
-                  settings.feedback_token_ttl_s)  # fmt: skip
+    token = issue(
+        settings.secret_key,
+        event.trajectory_id,
+        event.user_id,
+        event.policy_version,
+        settings.feedback_token_ttl_s,
+    )
     return RunResponse(
-        trajectory_id=event.trajectory_id, thread_id=event.thread_id, output=event.output,
-        policy_version=event.policy_version, feedback_token=token, status=event.status.value,
+        trajectory_id=event.trajectory_id,
+        thread_id=event.thread_id,
+        output=event.output,
+        policy_version=event.policy_version,
+        feedback_token=token,
+        status=event.status.value,
         tools=[s.name for s in event.tool_steps if s.name in services.runtime.agents[agent].tools],
-    )  # fmt: skip
+    )
 
 
 @router.post("/v1/feedback", status_code=202, response_model=FeedbackAccepted)
@@ -143,7 +155,11 @@ def serve() -> None:
     # uvloop + httptools roughly doubled an ingest endpoint's rate here; both are optional.
     fast = all(importlib.util.find_spec(m) for m in ("uvloop", "httptools"))
     uvicorn.run(
-        app, host=settings.host, port=settings.port, log_level=settings.log_level.lower(),
-        loop="uvloop" if fast else "auto", http="httptools" if fast else "auto",
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level.lower(),
+        loop="uvloop" if fast else "auto",
+        http="httptools" if fast else "auto",
         access_log=False,
-    )  # fmt: skip
+    )

@@ -8,8 +8,8 @@ from typing import Annotated
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from deploy.agent_api.services import Services
 from deploy.agent_api.errors import ApiError
+from deploy.agent_api.services import Services
 
 _bearer = HTTPBearer(auto_error=False, description="One of ARLOOP_API_KEYS.")
 

@@ -38,8 +38,11 @@ class BodySizeLimit:
     async def _refuse(self, send) -> None:
         reason = f"request body is over {self.max_bytes} bytes (ARLOOP_MAX_BODY_BYTES)"
         payload = json.dumps({"detail": reason}).encode()
-        headers = [(b"content-type", b"application/json"),
-                   (b"content-length", str(len(payload)).encode()), (b"connection", b"close")]
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(payload)).encode()),
+            (b"connection", b"close"),
+        ]
         await send({"type": "http.response.start", "status": 413, "headers": headers})
         await send({"type": "http.response.body", "body": payload})
 

@@ -15,15 +15,21 @@ class ApiMetrics:
         r = self.registry
         self.runs = Counter("arloop_runs", "Finished agent runs.", ["agent", "status"], registry=r)
         self.run_seconds = Histogram(
-            "arloop_run_seconds", "Agent run wall time.", ["agent"], registry=r,
+            "arloop_run_seconds",
+            "Agent run wall time.",
+            ["agent"],
+            registry=r,
             buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
-        )  # fmt: skip
-        self.model_calls = Counter("arloop_model_calls", "Policy calls.",
-                                   ["agent", "policy_version"], registry=r)  # fmt: skip
-        self.tool_calls = Counter("arloop_tool_calls", "Tool calls.",
-                                  ["agent", "tool", "error"], registry=r)  # fmt: skip
-        self.feedback = Counter("arloop_feedback", "Feedback submissions.",
-                                ["kind", "outcome"], registry=r)  # fmt: skip
+        )
+        self.model_calls = Counter(
+            "arloop_model_calls", "Policy calls.", ["agent", "policy_version"], registry=r
+        )
+        self.tool_calls = Counter(
+            "arloop_tool_calls", "Tool calls.", ["agent", "tool", "error"], registry=r
+        )
+        self.feedback = Counter(
+            "arloop_feedback", "Feedback submissions.", ["kind", "outcome"], registry=r
+        )
         self.errors = Counter("arloop_http_errors", "Error answers.", ["status"], registry=r)
 
     def observe_run(self, event: TrajectoryEvent) -> None:

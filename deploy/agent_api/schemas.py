@@ -48,7 +48,9 @@ class RunResponse(BaseModel):
     policy_version: str
     feedback_token: str
     status: str
-    tools: list[str] = Field(default_factory=list, description="The tools the run called, in order.")
+    tools: list[str] = Field(
+        default_factory=list, description="The tools the run called, in order."
+    )
 
 
 class FeedbackRequest(_Body):

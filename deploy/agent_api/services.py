@@ -11,8 +11,8 @@ from agents.feedback_intake import FeedbackIntake
 from agents.policy_client import PolicyConfig
 from agents.runtime import AgentRuntime, AgentSpec
 from agents.trajectory_sink import Scrub
-from deploy.agent_api.metrics import ApiMetrics
 from deploy.agent_api.limits import RateLimiter
+from deploy.agent_api.metrics import ApiMetrics
 from deploy.settings import AgentApiSettings
 
 
@@ -30,11 +30,15 @@ class Services:
 
 def policy_config(settings: AgentApiSettings) -> PolicyConfig:
     return PolicyConfig(
-        model=settings.policy_model, api_base=settings.policy_api_base,
-        api_key=settings.policy_api_key, timeout_s=settings.policy_timeout_s,
-        retries=settings.policy_retries, versioned=settings.policy_versioned,
-        temperature=settings.policy_temperature, max_tokens=settings.policy_max_tokens,
-    )  # fmt: skip
+        model=settings.policy_model,
+        api_base=settings.policy_api_base,
+        api_key=settings.policy_api_key,
+        timeout_s=settings.policy_timeout_s,
+        retries=settings.policy_retries,
+        versioned=settings.policy_versioned,
+        temperature=settings.policy_temperature,
+        max_tokens=settings.policy_max_tokens,
+    )
 
 
 def open_services(
@@ -47,15 +51,22 @@ def open_services(
 ) -> Services:
     """Connect to Redis (lazily: a Redis that is down now is a 503 later, not a crash)."""
     client = aioredis.from_url(
-        redis_url, socket_timeout=settings.redis_timeout_s,
+        redis_url,
+        socket_timeout=settings.redis_timeout_s,
         socket_connect_timeout=min(2.0, settings.redis_timeout_s),
-    )  # fmt: skip
+    )
     runtime = AgentRuntime.on_redis(
-        client, specs, policy_config(settings), canary_share=settings.canary_share,
-        scrub=scrub, thread_ttl_s=settings.thread_ttl_s, lock_s=settings.thread_lock_s,
-        memory_max_items=settings.memory_max_items, rng=rng,
+        client,
+        specs,
+        policy_config(settings),
+        canary_share=settings.canary_share,
+        scrub=scrub,
+        thread_ttl_s=settings.thread_ttl_s,
+        lock_s=settings.thread_lock_s,
+        memory_max_items=settings.memory_max_items,
+        rng=rng,
         durability=settings.checkpoint_durability,
-    )  # fmt: skip
+    )
     intake = FeedbackIntake(client, settings.secret_key, settings.feedback_rate_per_minute, scrub)
     return Services(settings, client, runtime, intake, RateLimiter(client), metrics)
 

@@ -14,8 +14,11 @@ from deploy.demo.report import Report  # noqa: E402
 
 def plot_all(report: Report, folder: Path) -> list[Path]:
     """success_reward.png, kl.png and length.png in `folder`."""
-    return [_success_reward(report, folder / "success_reward.png"),
-            _kl(report, folder / "kl.png"), _length(report, folder / "length.png")]  # fmt: skip
+    return [
+        _success_reward(report, folder / "success_reward.png"),
+        _kl(report, folder / "kl.png"),
+        _length(report, folder / "length.png"),
+    ]
 
 
 def _axis(title: str, ylabel: str):
@@ -45,11 +48,22 @@ def _success_reward(report: Report, path: Path) -> Path:
     rows = [r for r in report.versions if r.eval_n]
     if rows:
         rates = [r.eval_rate for r in rows]
-        errors = [[r.eval_rate - r.eval_low for r in rows], [r.eval_high - r.eval_rate for r in rows]]
-        ax.errorbar([r.version for r in rows], rates, yerr=errors, marker="o", capsize=4,
-                    label="held-out success (95% CI)")  # fmt: skip
-    for attr, label, style in (("thumbs_up_rate", "thumbs-up rate of its traffic", "s--"),
-                               ("user_reward", "mean user reward of its traffic", "^:")):  # fmt: skip
+        errors = [
+            [r.eval_rate - r.eval_low for r in rows],
+            [r.eval_high - r.eval_rate for r in rows],
+        ]
+        ax.errorbar(
+            [r.version for r in rows],
+            rates,
+            yerr=errors,
+            marker="o",
+            capsize=4,
+            label="held-out success (95% CI)",
+        )
+    for attr, label, style in (
+        ("thumbs_up_rate", "thumbs-up rate of its traffic", "s--"),
+        ("user_reward", "mean user reward of its traffic", "^:"),
+    ):
         versions, values = _series(report, attr)
         if versions:
             ax.plot(versions, values, style, label=label)
@@ -60,8 +74,10 @@ def _success_reward(report: Report, path: Path) -> Path:
 
 def _kl(report: Report, path: Path) -> Path:
     fig, ax = _axis("KL to the base model", "nats per token")
-    for attr, label, style in (("kl", "on held-out completions (gate)", "o-"),
-                               ("train_kl", "during training (k3)", "s--")):  # fmt: skip
+    for attr, label, style in (
+        ("kl", "on held-out completions (gate)", "o-"),
+        ("train_kl", "during training (k3)", "s--"),
+    ):
         versions, values = _series(report, attr)
         if versions:
             ax.plot(versions, values, style, label=label)

@@ -11,11 +11,9 @@ round's metrics. The headline compares the final champion with v0 on the same he
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 import redis
@@ -29,10 +27,10 @@ from agents.events import (
     decode,
 )
 from agents.packs.base import Pack
+from learner.gate.evidence import answer_tokens
+from learner.gate.stats import paired_comparison, wilson
 from learner.policy.registry import BASE_VERSION, CHAMPION, PolicyRegistry, PolicyVersion
 from learner.rewards import mean_score, scored
-from learner.gate.stats import paired_comparison, wilson
-from learner.gate.evidence import answer_tokens
 
 
 @dataclass
@@ -83,11 +81,19 @@ class Report:
         return next(r for r in self.versions if r.version == version)
 
     def to_dict(self) -> dict[str, Any]:
-        rows = [asdict(r) | {"eval_rate": r.eval_rate, "thumbs_up_rate": r.thumbs_up_rate}
-                for r in self.versions]  # fmt: skip
-        return {"champion": self.champion, "improvement": self.improvement, "versions": rows,
-                "feedback_counts": self.feedback_counts, "rounds": self.rounds,
-                "options": self.options, "seconds": self.seconds}  # fmt: skip
+        rows = [
+            asdict(r) | {"eval_rate": r.eval_rate, "thumbs_up_rate": r.thumbs_up_rate}
+            for r in self.versions
+        ]
+        return {
+            "champion": self.champion,
+            "improvement": self.improvement,
+            "versions": rows,
+            "feedback_counts": self.feedback_counts,
+            "rounds": self.rounds,
+            "options": self.options,
+            "seconds": self.seconds,
+        }
 
 
 def read_stream(client: redis.Redis, stream: str) -> list[Any]:
@@ -134,8 +140,14 @@ def build_report(client: redis.Redis, pack: Pack) -> Report:
 def _row(v: PolicyVersion, evals, runs: Sequence[TrajectoryEvent], by_run) -> VersionRow:
     report = v.report or {}
     verdict = "base" if v.version == BASE_VERSION else report.get("verdict", "-")
-    row = VersionRow(v.version, v.parent, v.status.value, verdict, report.get("reason", ""),
-                     list(report.get("failed", [])))  # fmt: skip
+    row = VersionRow(
+        v.version,
+        v.parent,
+        v.status.value,
+        verdict,
+        report.get("reason", ""),
+        list(report.get("failed", [])),
+    )
     solved = [s for s, _ in evals.values()]
     row.eval_solved, row.eval_n = sum(solved), len(solved)
     if solved:
@@ -173,10 +185,13 @@ def improvement(evals, baseline: str, final: str) -> dict[str, Any] | None:
     if not ids:
         return None
     cmp = paired_comparison([int(a[i][0]) for i in ids], [int(b[i][0]) for i in ids])
-    return asdict(cmp) | {"baseline": baseline, "final": final,
-                          "excludes_zero": cmp.ci_low > 0 or cmp.ci_high < 0,
-                          "fixed": sum(1 for i in ids if b[i][0] and not a[i][0]),
-                          "broke": sum(1 for i in ids if a[i][0] and not b[i][0])}  # fmt: skip
+    return asdict(cmp) | {
+        "baseline": baseline,
+        "final": final,
+        "excludes_zero": cmp.ci_low > 0 or cmp.ci_high < 0,
+        "fixed": sum(1 for i in ids if b[i][0] and not a[i][0]),
+        "broke": sum(1 for i in ids if a[i][0] and not b[i][0]),
+    }
 
 
 def headline(report: Report) -> str:
@@ -185,12 +200,16 @@ def headline(report: Report) -> str:
     if imp is None:
         return "No held-out evaluation was recorded, so no improvement can be claimed."
     if imp["final"] == imp["baseline"]:
-        return (f"No version passed the gate: the champion is still {imp['baseline']}, so the "
-                "demo did NOT show an improvement.")  # fmt: skip
-    figures = (f"{imp['final']} vs {imp['baseline']} on {imp['n']} held-out tasks: "
-               f"{imp['champion_rate']:.0%} -> {imp['candidate_rate']:.0%}, difference "
-               f"{imp['diff']:+.3f} (95% CI {imp['ci_low']:+.3f} to {imp['ci_high']:+.3f}; "
-               f"fixed {imp['fixed']}, broke {imp['broke']})")  # fmt: skip
+        return (
+            f"No version passed the gate: the champion is still {imp['baseline']}, so the "
+            "demo did NOT show an improvement."
+        )
+    figures = (
+        f"{imp['final']} vs {imp['baseline']} on {imp['n']} held-out tasks: "
+        f"{imp['champion_rate']:.0%} -> {imp['candidate_rate']:.0%}, difference "
+        f"{imp['diff']:+.3f} (95% CI {imp['ci_low']:+.3f} to {imp['ci_high']:+.3f}; "
+        f"fixed {imp['fixed']}, broke {imp['broke']})"
+    )
     if imp["excludes_zero"] and imp["diff"] > 0:
         return f"Improved: {figures}. The interval excludes zero."
     return f"Did NOT show an improvement whose interval excludes zero: {figures}."
@@ -198,10 +217,25 @@ def headline(report: Report) -> str:
 
 def markdown(report: Report) -> str:
     """The report as Markdown: headline, the table per version, verdict reasons, timings."""
-    head = ["version", "parent", "gate", "held-out success (95% CI)", "thumbs-up", "user reward",
-            "train reward", "KL to base", "answer tokens"]  # fmt: skip
-    lines = ["# arloop demo report", "", headline(report), "",
-             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]  # fmt: skip
+    head = [
+        "version",
+        "parent",
+        "gate",
+        "held-out success (95% CI)",
+        "thumbs-up",
+        "user reward",
+        "train reward",
+        "KL to base",
+        "answer tokens",
+    ]
+    lines = [
+        "# arloop demo report",
+        "",
+        headline(report),
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "---|" * len(head),
+    ]
     for r in report.versions:
         lines.append("| " + " | ".join(table_cells(r, report.champion)) + " |")
     lines += ["", "## Gate verdicts", ""]
@@ -218,11 +252,26 @@ def table_cells(r: VersionRow, champion: str) -> list[str]:
     """One version's cells, as the terminal table and the Markdown show them."""
     success = "-"
     if r.eval_n:
-        success = f"{r.eval_solved}/{r.eval_n} = {r.eval_rate:.0%} [{r.eval_low:.0%}, {r.eval_high:.0%}]"
-    thumbs = f"{r.thumbs_up_rate:.0%} of {r.thumbs_up + r.thumbs_down}" if r.thumbs_up_rate is not None else "-"
+        success = (
+            f"{r.eval_solved}/{r.eval_n} = {r.eval_rate:.0%} [{r.eval_low:.0%}, {r.eval_high:.0%}]"
+        )
+    thumbs = (
+        f"{r.thumbs_up_rate:.0%} of {r.thumbs_up + r.thumbs_down}"
+        if r.thumbs_up_rate is not None
+        else "-"
+    )
     name = f"{r.version} (champion)" if r.version == champion else r.version
-    return [name, r.parent or "-", r.verdict, success, thumbs, _num(r.user_reward),
-            _num(r.train_reward), _num(r.kl, 4), _num(r.eval_answer_tokens, 1)]  # fmt: skip
+    return [
+        name,
+        r.parent or "-",
+        r.verdict,
+        success,
+        thumbs,
+        _num(r.user_reward),
+        _num(r.train_reward),
+        _num(r.kl, 4),
+        _num(r.eval_answer_tokens, 1),
+    ]
 
 
 def _num(x: float | None, digits: int = 2) -> str:

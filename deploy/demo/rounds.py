@@ -19,8 +19,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from agents.packs.base import Pack, Task
-from deploy.demo.users import AgentClient, Behaviour, Visit, run_traffic
 from deploy.demo.stack import Stack, StackError
+from deploy.demo.users import AgentClient, Behaviour, Visit, run_traffic
 from learner.gate.eval_gate import ERROR
 from learner.policy.registry import CHAMPION, PolicyRegistry
 
@@ -71,8 +71,13 @@ def traffic(
 ) -> list[Visit]:
     """The round's visits, `users` at a time, with a progress bar; exactly `quiet` stay silent."""
     silent = set(random.Random(f"quiet/{seed}").sample(range(len(tasks)), quiet))
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-               TextColumn("{task.fields[line]}"), TimeElapsedColumn())  # fmt: skip
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[line]}"),
+        TimeElapsedColumn(),
+    )
     with Progress(*columns, console=console, transient=False) as progress:
         bar = progress.add_task(label, total=len(tasks), line="")
         done: list[Visit] = []
@@ -85,9 +90,17 @@ def traffic(
         async def go() -> list[Visit]:
             client = AgentClient(stack.agents_url, api_key)
             try:
-                return await run_traffic(client, pack, tasks, behaviour, concurrency=users,
-                                         seed=seed, prefix=f"r{seed}", silent=silent,
-                                         on_visit=seen)  # fmt: skip
+                return await run_traffic(
+                    client,
+                    pack,
+                    tasks,
+                    behaviour,
+                    concurrency=users,
+                    seed=seed,
+                    prefix=f"r{seed}",
+                    silent=silent,
+                    on_visit=seen,
+                )
             finally:
                 await client.aclose()
 

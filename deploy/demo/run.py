@@ -32,7 +32,6 @@ from rich.console import Console
 from rich.table import Table
 
 from agents.packs.base import Pack
-from deploy.demo.users import Behaviour
 from deploy.demo.report import Report, build_report, headline, markdown, table_cells
 from deploy.demo.rounds import (
     RoundRecord,
@@ -43,6 +42,7 @@ from deploy.demo.rounds import (
     wait_for_verdict,
 )
 from deploy.demo.stack import Stack, StackError
+from deploy.demo.users import Behaviour
 from learner.policy.registry import BASE_VERSION, PolicyRegistry
 
 API_KEY = "demo-" + secrets.token_hex(8)
@@ -83,8 +83,9 @@ class DemoOptions:
 
 def quick(opts: DemoOptions) -> DemoOptions:
     """The tiny model, one round, a handful of runs: the whole path in well under a minute."""
-    return replace(opts, model="tiny", rounds=1, users=4, episodes=8, group=2, eval_size=6,
-                   max_tokens=12)  # fmt: skip
+    return replace(
+        opts, model="tiny", rounds=1, users=4, episodes=8, group=2, eval_size=6, max_tokens=12
+    )
 
 
 def _quiet(opts: DemoOptions) -> int:
@@ -97,33 +98,48 @@ def stack_env(opts: DemoOptions, policy_url: str) -> dict[str, dict[str, str]]:
     trainable = str(opts.episodes - _quiet(opts))
     return {
         "policy": {
-            "ARLOOP_BASE_MODEL": opts.model, "ARLOOP_THREADS": threads,
-            "ARLOOP_MAX_BATCH_SIZE": str(max(opts.users, 1)), "ARLOOP_BATCH_WINDOW_MS": "20",
-            "ARLOOP_MAX_TOKENS_CAP": str(opts.max_tokens), "ARLOOP_RELOAD_POLL_S": "1",
+            "ARLOOP_BASE_MODEL": opts.model,
+            "ARLOOP_THREADS": threads,
+            "ARLOOP_MAX_BATCH_SIZE": str(max(opts.users, 1)),
+            "ARLOOP_BATCH_WINDOW_MS": "20",
+            "ARLOOP_MAX_TOKENS_CAP": str(opts.max_tokens),
+            "ARLOOP_RELOAD_POLL_S": "1",
             "ARLOOP_TOOL_FORMAT": "line",  # what the pack's worked example is sized for
         },
         "agents": {
-            "ARLOOP_PACKS": '["tutoring"]', "ARLOOP_POLICY_API_BASE": policy_url,
+            "ARLOOP_PACKS": '["tutoring"]',
+            "ARLOOP_POLICY_API_BASE": policy_url,
             "ARLOOP_POLICY_TEMPERATURE": str(opts.temperature),
-            "ARLOOP_POLICY_MAX_TOKENS": str(opts.max_tokens), "ARLOOP_CANARY_SHARE": "0",
-            "ARLOOP_API_KEYS": f'["{API_KEY}"]', "ARLOOP_SECRET_KEY": secrets.token_hex(32),
-            "ARLOOP_RUN_RATE_PER_MINUTE": "100000", "ARLOOP_FEEDBACK_RATE_PER_MINUTE": "100000",
+            "ARLOOP_POLICY_MAX_TOKENS": str(opts.max_tokens),
+            "ARLOOP_CANARY_SHARE": "0",
+            "ARLOOP_API_KEYS": f'["{API_KEY}"]',
+            "ARLOOP_SECRET_KEY": secrets.token_hex(32),
+            "ARLOOP_RUN_RATE_PER_MINUTE": "100000",
+            "ARLOOP_FEEDBACK_RATE_PER_MINUTE": "100000",
             "OMP_NUM_THREADS": "1",
         },
         "learn": {
-            "ARLOOP_BASE_MODEL": opts.model, "OMP_NUM_THREADS": threads,
-            "ARLOOP_MIN_EPISODES": trainable, "ARLOOP_MAX_EPISODES_PER_ROUND": trainable,
-            "ARLOOP_ROUND_INTERVAL_S": "1e9", "ARLOOP_FEEDBACK_WINDOW_S": "30",
+            "ARLOOP_BASE_MODEL": opts.model,
+            "OMP_NUM_THREADS": threads,
+            "ARLOOP_MIN_EPISODES": trainable,
+            "ARLOOP_MAX_EPISODES_PER_ROUND": trainable,
+            "ARLOOP_ROUND_INTERVAL_S": "1e9",
+            "ARLOOP_FEEDBACK_WINDOW_S": "30",
             "ARLOOP_TRIM_INTERVAL_S": "1e9",  # the report reads every event back
-            "ARLOOP_READ_BLOCK_MS": "300", "ARLOOP_LEARNING_RATE": str(opts.learning_rate),
-            "ARLOOP_KL_COEF": str(opts.kl_coef), "ARLOOP_MICRO_BATCH_SIZE": "8",
-            "ARLOOP_EVAL_PACKS": '["tutoring"]', "ARLOOP_TUTORING_EVAL_SIZE": str(opts.eval_size),
-            "ARLOOP_POLICY_API_BASE": policy_url, "ARLOOP_EVAL_MAX_TOKENS": str(opts.max_tokens),
-            "ARLOOP_EVAL_CONCURRENCY": str(max(opts.users, 1)), "ARLOOP_CANARY": "false",
+            "ARLOOP_READ_BLOCK_MS": "300",
+            "ARLOOP_LEARNING_RATE": str(opts.learning_rate),
+            "ARLOOP_KL_COEF": str(opts.kl_coef),
+            "ARLOOP_MICRO_BATCH_SIZE": "8",
+            "ARLOOP_EVAL_PACKS": '["tutoring"]',
+            "ARLOOP_TUTORING_EVAL_SIZE": str(opts.eval_size),
+            "ARLOOP_POLICY_API_BASE": policy_url,
+            "ARLOOP_EVAL_MAX_TOKENS": str(opts.max_tokens),
+            "ARLOOP_EVAL_CONCURRENCY": str(max(opts.users, 1)),
+            "ARLOOP_CANARY": "false",
             "ARLOOP_OPE_MAX_RUNS": "64",
             "ARLOOP_TRAIN_AFTER_TOOL": "false",  # the tutor's answer turn copies the calculator
         },
-    }  # fmt: skip
+    }
 
 
 def fresh_dir(opts: DemoOptions) -> Path:
@@ -149,16 +165,19 @@ def run_demo(opts: DemoOptions, console: Console) -> tuple[Report, Path]:
         client = redis.Redis.from_url(stack.start_redis())
         registry = PolicyRegistry(client)
         registry.ensure_base(opts.model)  # before the processes: they would race to create v0
-        console.print(f"[bold]arloop demo[/] in {data_dir} (logs in {stack.logs}); model "
-                      f"{opts.model}, {opts.rounds} rounds of {opts.episodes} runs")  # fmt: skip
+        console.print(
+            f"[bold]arloop demo[/] in {data_dir} (logs in {stack.logs}); model "
+            f"{opts.model}, {opts.rounds} rounds of {opts.episodes} runs"
+        )
         stack.start()
         timed(seconds, "start", stack.wait_ready, opts.phase_timeout_s)
         for r in range(1, opts.rounds + 1):
             records.append(_round(r, opts, stack, registry, pack, seconds, console))
         if opts.closing_visit:  # students on the final champion, nothing learned from them
             stack.stop_process("learn")  # idle between rounds: stopping it here loses nothing
-            records.append(_students(opts.rounds + 1, opts, stack, registry, pack, console,
-                                      "closing visit"))  # fmt: skip
+            records.append(
+                _students(opts.rounds + 1, opts, stack, registry, pack, console, "closing visit")
+            )
             seconds["closing visit"] = records[-1].seconds["traffic"]
         report = build_report(client, pack)
     finally:
@@ -185,8 +204,17 @@ def _round(
     """Traffic, then the learner's round and gate; the next round starts on the new champion."""
     before = max(int(v.version[1:]) for v in registry.versions())
     rec = _students(r, opts, stack, registry, pack, console, f"round {r}")
-    version, report = timed(rec.seconds, "learn+gate", wait_for_verdict, stack, registry, before,
-                            opts.phase_timeout_s, console, f"round {r}")  # fmt: skip
+    version, report = timed(
+        rec.seconds,
+        "learn+gate",
+        wait_for_verdict,
+        stack,
+        registry,
+        before,
+        opts.phase_timeout_s,
+        console,
+        f"round {r}",
+    )
     rec.version, rec.verdict, rec.reason = version, report["verdict"], report.get("reason", "")
     console.print(f"round {r}: {version} {rec.verdict.upper()}: {rec.reason}")
     if rec.verdict == "pass":
@@ -207,21 +235,42 @@ def _students(
 ) -> RoundRecord:
     """Round `r`'s simulated students on the current champion."""
     champion = registry.resolve("champion")
-    tasks = round_tasks(pack.tasks("train"), opts.episodes // opts.group, opts.group,
-                        random.Random(f"{opts.seed}/{r}"))  # fmt: skip
+    tasks = round_tasks(
+        pack.tasks("train"),
+        opts.episodes // opts.group,
+        opts.group,
+        random.Random(f"{opts.seed}/{r}"),
+    )
     rec = RoundRecord(r, champion, [])
-    rec.visits = timed(rec.seconds, "traffic", traffic, stack, API_KEY, pack, tasks,
-                       Behaviour(noise=opts.noise, delay_s=(0.0, 1.0)), users=opts.users,
-                       quiet=_quiet(opts), seed=opts.seed * 1000 + r, console=console,
-                       label=f"{label}: students on {champion}")  # fmt: skip
+    rec.visits = timed(
+        rec.seconds,
+        "traffic",
+        traffic,
+        stack,
+        API_KEY,
+        pack,
+        tasks,
+        Behaviour(noise=opts.noise, delay_s=(0.0, 1.0)),
+        users=opts.users,
+        quiet=_quiet(opts),
+        seed=opts.seed * 1000 + r,
+        console=console,
+        label=f"{label}: students on {champion}",
+    )
     return rec
 
 
 def _round_summary(rec: RoundRecord) -> dict[str, Any]:
     solved = sum(v.verdict.score >= 1.0 for v in rec.visits)
-    return {"round": rec.round, "served_by": rec.served_by, "runs": len(rec.visits),
-            "solved": solved, "version": rec.version, "verdict": rec.verdict,
-            "seconds": {k: round(v, 1) for k, v in rec.seconds.items()}}  # fmt: skip
+    return {
+        "round": rec.round,
+        "served_by": rec.served_by,
+        "runs": len(rec.visits),
+        "solved": solved,
+        "version": rec.version,
+        "verdict": rec.verdict,
+        "seconds": {k: round(v, 1) for k, v in rec.seconds.items()},
+    }
 
 
 def _jsonable(d: dict[str, Any]) -> dict[str, Any]:
@@ -230,15 +279,26 @@ def _jsonable(d: dict[str, Any]) -> dict[str, Any]:
 
 def print_report(report: Report, folder: Path, console: Console) -> None:
     table = Table(title="arloop demo: the policy by version")
-    for name in ("version", "parent", "gate", "held-out success (95% CI)", "thumbs-up",
-                 "user reward", "train reward", "KL to base", "answer tokens"):  # fmt: skip
+    for name in (
+        "version",
+        "parent",
+        "gate",
+        "held-out success (95% CI)",
+        "thumbs-up",
+        "user reward",
+        "train reward",
+        "KL to base",
+        "answer tokens",
+    ):
         table.add_column(name)
     for row in report.versions:
         table.add_row(*table_cells(row, report.champion))
     console.print(table)
     console.print(f"[bold]{headline(report)}[/]")
-    console.print(f"report: {folder}/report.md (json, plots beside it); "
-                  f"{report.seconds.get('total', 0):.0f} s in all")  # fmt: skip
+    console.print(
+        f"report: {folder}/report.md (json, plots beside it); "
+        f"{report.seconds.get('total', 0):.0f} s in all"
+    )
 
 
 def _interrupt(signum: int, frame: Any) -> None:

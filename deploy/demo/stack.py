@@ -74,10 +74,17 @@ class Stack:
 
     def start(self) -> None:
         """All three arloop processes at once (their imports overlap)."""
-        base = {"ARLOOP_REDIS_URL": self.redis.url, "ARLOOP_DATA_DIR": str(self.data_dir),
-                "ARLOOP_LOG_LEVEL": "WARNING"}  # fmt: skip
+        base = {
+            "ARLOOP_REDIS_URL": self.redis.url,
+            "ARLOOP_DATA_DIR": str(self.data_dir),
+            "ARLOOP_LOG_LEVEL": "WARNING",
+        }
         ports = {"policy": self.policy_port, "agents": self.agents_port}
-        commands = {"policy": ["serve", "policy"], "agents": ["serve", "agents"], "learn": ["learn"]}
+        commands = {
+            "policy": ["serve", "policy"],
+            "agents": ["serve", "agents"],
+            "learn": ["learn"],
+        }
         for name, args in commands.items():
             extra = {"ARLOOP_PORT": str(ports[name])} if name in ports else {}
             self._spawn(name, args, base | extra | self.env.get(name, {}))
@@ -86,24 +93,32 @@ class Stack:
         log = self.logs / f"{name}.log"
         out = open(log, "ab")  # noqa: SIM115 - the child writes to it until it ends
         proc = subprocess.Popen(
-            [sys.executable, "-c", _CLI, *args], env=os.environ | env, stdout=out,
-            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-        )  # fmt: skip
+            [sys.executable, "-c", _CLI, *args],
+            env=os.environ | env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         out.close()
         self.procs.append(Proc(name, proc, log))
 
     def wait_ready(self, timeout_s: float, tick=lambda: None) -> None:
         """Until the policy server and the agent API answer /healthz (StackError otherwise)."""
         deadline = time.monotonic() + timeout_s
-        pending = {"policy": f"{self.policy_url[:-3]}/healthz", "agents": f"{self.agents_url}/healthz"}
+        pending = {
+            "policy": f"{self.policy_url[:-3]}/healthz",
+            "agents": f"{self.agents_url}/healthz",
+        }
         while pending:
             self.check_alive()
             for name, url in list(pending.items()):
                 if _healthy(url):
                     del pending[name]
             if time.monotonic() > deadline:
-                raise StackError(f"{', '.join(pending)} not up after {timeout_s:.0f} s; see "
-                                 f"{self.logs}")  # fmt: skip
+                raise StackError(
+                    f"{', '.join(pending)} not up after {timeout_s:.0f} s; see {self.logs}"
+                )
             tick()
             time.sleep(0.3)
 
@@ -112,8 +127,9 @@ class Stack:
         for p in self.procs:
             code = p.process.poll()
             if code is not None:
-                raise StackError(f"`arloop {p.name}` exited with code {code}; the end of "
-                                 f"{p.log}:\n{p.tail()}")  # fmt: skip
+                raise StackError(
+                    f"`arloop {p.name}` exited with code {code}; the end of {p.log}:\n{p.tail()}"
+                )
 
     def stop(self, grace_s: float = 20.0) -> None:
         """Stop every process (newest first), then Redis; idempotent. A second Ctrl-C while

@@ -97,7 +97,7 @@ def judge(pack: Pack, task: Task, output: str, tools: Sequence[str], max_words: 
         needs_tool=task.needs_tool is not None,
         red_flag_missed=flagged and triage_level(output) != "emergency",
         padded=len(output.split()) > max_words,
-    )  # fmt: skip
+    )
 
 
 def correction_text(task: Task) -> str:
@@ -143,14 +143,21 @@ class AgentClient:
         self.http = httpx.AsyncClient(base_url=base_url, headers=headers, timeout=timeout_s)
 
     async def run(self, agent: str, text: str, user_id: str, **extra: Any) -> dict[str, Any]:
-        r = await self.http.post(f"/v1/agents/{agent}/runs",
-                                 json={"input": text, "user_id": user_id, **extra})  # fmt: skip
+        r = await self.http.post(
+            f"/v1/agents/{agent}/runs", json={"input": text, "user_id": user_id, **extra}
+        )
         r.raise_for_status()
         return r.json()
 
     async def feedback(self, run: dict[str, Any], body: dict[str, Any]) -> None:
-        r = await self.http.post("/v1/feedback", json={
-            "trajectory_id": run["trajectory_id"], "feedback_token": run["feedback_token"], **body})  # fmt: skip
+        r = await self.http.post(
+            "/v1/feedback",
+            json={
+                "trajectory_id": run["trajectory_id"],
+                "feedback_token": run["feedback_token"],
+                **body,
+            },
+        )
         r.raise_for_status()
 
     async def aclose(self) -> None:
@@ -170,8 +177,16 @@ async def visit(
     run = await client.run(task.agent, task.input, user_id)
     v = judge(pack, task, run["output"], run.get("tools", []), b.max_words)
     bodies = feedback_for(v, task, b, rng, silent)
-    out = Visit(user_id, task, run["trajectory_id"], run["policy_version"], run["output"],
-                run.get("tools", []), v, silent=not bodies)  # fmt: skip
+    out = Visit(
+        user_id,
+        task,
+        run["trajectory_id"],
+        run["policy_version"],
+        run["output"],
+        run.get("tools", []),
+        v,
+        silent=not bodies,
+    )
     if bodies and b.delay_s[1] > 0:
         await asyncio.sleep(rng.uniform(*b.delay_s))
     for body in bodies:
@@ -202,8 +217,15 @@ async def run_traffic(
     async def one(i: int, task: Task) -> Visit:
         quiet = None if silent is None else i in silent
         async with gate:
-            done = await visit(client, pack, task, f"{prefix}-{i:04d}", behaviour,
-                               random.Random(f"{seed}/{i}"), quiet)  # fmt: skip
+            done = await visit(
+                client,
+                pack,
+                task,
+                f"{prefix}-{i:04d}",
+                behaviour,
+                random.Random(f"{seed}/{i}"),
+                quiet,
+            )
         if on_visit is not None:
             on_visit(done)
         return done

@@ -19,8 +19,8 @@ from deploy.learn.suite_runner import gate_runner
 from deploy.settings import LearnerSettings
 from learner.gate import canary
 from learner.gate.eval_gate import ERROR
-from learner.policy.registry import CANDIDATE, AliasConflict, PolicyRegistry, VersionStatus
 from learner.gate.release import ReleaseError, apply_verdict
+from learner.policy.registry import CANDIDATE, AliasConflict, PolicyRegistry, VersionStatus
 from learner.store import Store
 
 log = logging.getLogger("arloop.release")
@@ -41,9 +41,11 @@ class ReleaseControl:
         self.store = store
         self.gate = gate_runner(settings, redis_url, registry, store)
         self.canary = canary.CanaryConfig(
-            alpha=settings.canary_alpha, margin=settings.canary_margin,
-            min_per_arm=settings.canary_min_per_arm, timeout_s=settings.canary_timeout_s,
-        )  # fmt: skip
+            alpha=settings.canary_alpha,
+            margin=settings.canary_margin,
+            min_per_arm=settings.canary_min_per_arm,
+            timeout_s=settings.canary_timeout_s,
+        )
         self.last: str | None = None
         self._next_check = 0.0
         self._retry_at = 0.0

@@ -23,8 +23,8 @@ from rich.table import Table
 
 from deploy.embedded_redis import RedisUnavailable, ensure_redis
 from deploy.settings import LearnerSettings
-from learner.publish import recover
 from learner.policy.registry import CANDIDATE, CHAMPION, PolicyRegistry
+from learner.publish import recover
 from learner.rounds import RoundAborted, RoundConfig, RoundResult, run_round
 from learner.store import Store
 from learner.train_step import TrainConfig
@@ -40,19 +40,31 @@ class LearnerConfigError(RuntimeError):
 def round_config(s: LearnerSettings) -> RoundConfig:
     """The round's plain configuration from the process settings."""
     train = TrainConfig(
-        lr=s.learning_rate, full_finetune=s.full_finetune, lora_rank=s.lora_rank,
-        lora_alpha=s.lora_alpha, clip_eps=s.clip_eps, kl_coef=s.kl_coef,
-        micro_batch_size=s.micro_batch_size, dpo_beta=s.dpo_beta,
-    )  # fmt: skip
+        lr=s.learning_rate,
+        full_finetune=s.full_finetune,
+        lora_rank=s.lora_rank,
+        lora_alpha=s.lora_alpha,
+        clip_eps=s.clip_eps,
+        kl_coef=s.kl_coef,
+        micro_batch_size=s.micro_batch_size,
+        dpo_beta=s.dpo_beta,
+    )
     return RoundConfig(
-        base_model=s.base_model, checkpoints_dir=s.data_dir / "checkpoints", train=train,
-        feedback_window_s=s.feedback_window_s, silence_reward=s.silence_reward,
-        max_user_reward_share=s.max_user_reward_share, baseline=s.baseline,
-        normalise_rewards=s.normalise_rewards, max_episodes=s.max_episodes_per_round,
-        epochs=s.epochs, batch_size=s.micro_batch_size * s.grad_accum_steps, actor=s.consumer,
+        base_model=s.base_model,
+        checkpoints_dir=s.data_dir / "checkpoints",
+        train=train,
+        feedback_window_s=s.feedback_window_s,
+        silence_reward=s.silence_reward,
+        max_user_reward_share=s.max_user_reward_share,
+        baseline=s.baseline,
+        normalise_rewards=s.normalise_rewards,
+        max_episodes=s.max_episodes_per_round,
+        epochs=s.epochs,
+        batch_size=s.micro_batch_size * s.grad_accum_steps,
+        actor=s.consumer,
         promote=not s.eval_packs,  # with an eval gate, the release flow moves the aliases
         train_after_tool=s.train_after_tool,
-    )  # fmt: skip
+    )
 
 
 def summary_line(r: RoundResult) -> str:
@@ -86,19 +98,24 @@ class Learner:
         self.store = Store(Path(settings.data_dir) / "learner" / "store.db")
         self.registry = PolicyRegistry(self.redis)
         self.source = TrajectorySource(
-            self.redis, self.store, settings.consumer, max_deliveries=settings.max_deliveries,
-            claim_idle_ms=settings.claim_idle_ms, block_ms=settings.read_block_ms,
+            self.redis,
+            self.store,
+            settings.consumer,
+            max_deliveries=settings.max_deliveries,
+            claim_idle_ms=settings.claim_idle_ms,
+            block_ms=settings.read_block_ms,
             count=settings.read_count,
-        )  # fmt: skip
+        )
         self.config = round_config(settings)
         self.release = None
         if settings.eval_packs:
-            from deploy.learn.suite_runner import SuiteMissing  # the gate's imports: only with one
             from deploy.learn.release_control import ReleaseControl
+            from deploy.learn.suite_runner import SuiteMissing  # the gate's imports: only with one
 
             try:
-                self.release = ReleaseControl(settings, self.redis_url, self.registry,
-                                              self.store, self.console)  # fmt: skip
+                self.release = ReleaseControl(
+                    settings, self.redis_url, self.registry, self.store, self.console
+                )
             except SuiteMissing as exc:
                 raise LearnerConfigError(f"{exc}; fix ARLOOP_EVAL_PACKS") from exc
         self.stopping = threading.Event()
@@ -121,16 +138,25 @@ class Learner:
             f"learning from redis {where.get('host')}:{where.get('port')} as {self.s.consumer} "
             f"(base {self.s.base_model}, data {self.s.data_dir})"
         )
-        rec = recover(self.store, self.registry, self.config.checkpoints_dir, self.s.consumer,
-                      promote=self.release is None)  # fmt: skip
+        rec = recover(
+            self.store,
+            self.registry,
+            self.config.checkpoints_dir,
+            self.s.consumer,
+            promote=self.release is None,
+        )
         for p in rec.registered:
             self.console.print(f"recovered {p.version}: committed before a crash, now registered")
         if self.release is None:
-            self.console.print("no eval gate configured (ARLOOP_EVAL_PACKS is empty): each "
-                               "round's version becomes champion directly")  # fmt: skip
+            self.console.print(
+                "no eval gate configured (ARLOOP_EVAL_PACKS is empty): each "
+                "round's version becomes champion directly"
+            )
         else:
-            self.console.print(f"eval gate: {self.release.gate.suites.suite} against "
-                               f"{self.s.policy_api_base}; canary {'on' if self.s.canary else 'off'}")
+            self.console.print(
+                f"eval gate: {self.release.gate.suites.suite} against "
+                f"{self.s.policy_api_base}; canary {'on' if self.s.canary else 'off'}"
+            )
 
     def run(self, once: bool = False) -> int:
         """The loop; returns the process exit code."""
@@ -182,8 +208,9 @@ class Learner:
         """One round; errors are reported and the loop goes on (the events stay trainable)."""
         self._last_round = time.monotonic()
         try:
-            result = run_round(self.store, self.registry, self.config,
-                               should_stop=self.stopping.is_set)  # fmt: skip
+            result = run_round(
+                self.store, self.registry, self.config, should_stop=self.stopping.is_set
+            )
         except RoundAborted as exc:
             self.console.print(str(exc))
             return False
@@ -215,10 +242,15 @@ class Learner:
         }
         table = Table(title="arloop learn", show_header=False, box=None)
         table.add_row("pending in redis", str(self.source.pending()))
-        table.add_row("episodes", f"{c['with_feedback']} with feedback, {c['waiting']} waiting, "
-                      f"{c['window_closed']} window closed")  # fmt: skip
-        table.add_row("trained events", str(counts.get("trajectories/trained", 0)
-                                              + counts.get("feedback/trained", 0)))  # fmt: skip
+        table.add_row(
+            "episodes",
+            f"{c['with_feedback']} with feedback, {c['waiting']} waiting, "
+            f"{c['window_closed']} window closed",
+        )
+        table.add_row(
+            "trained events",
+            str(counts.get("trajectories/trained", 0) + counts.get("feedback/trained", 0)),
+        )
         table.add_row("let go", ", ".join(f"{k} {v}" for k, v in sorted(let_go.items())) or "-")
         table.add_row("dead letters", str(self.source.dead_total))
         aliases = self.registry.aliases()

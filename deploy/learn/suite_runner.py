@@ -27,10 +27,10 @@ from agents.threads import Threads
 from agents.trajectory_sink import TrajectorySink
 from deploy.settings import LearnerSettings
 from learner.gate.eval_gate import GateConfig, GateReport, SuiteRun, TaskOutcome, decide, refuse
+from learner.gate.evidence import answer_tokens
 from learner.gate.guards import GuardConfig
 from learner.policy.registry import CHAMPION, PolicyRegistry
 from learner.store import Store
-from learner.gate.evidence import answer_tokens
 
 EVAL_USER = "arloop-eval"
 SUITE, SERVER = "eval_suite", "policy_server"  # what a refusal names in `failed`
@@ -88,10 +88,14 @@ def outcome(pack: Pack, task: Task, t: TrajectoryEvent, solved_at: float) -> Tas
         raise VerifierError(f"verifier of {pack.name!r} failed on task {task.id}: {exc}") from exc
     used = task.needs_tool is not None and any(s.name == task.needs_tool for s in t.tool_steps)
     return TaskOutcome(
-        task_id=f"{pack.name}/{task.id}", score=score, solved=score >= solved_at,
-        needs_tool=task.needs_tool, used_tool=used, answer_tokens=answer_tokens(t),
+        task_id=f"{pack.name}/{task.id}",
+        score=score,
+        solved=score >= solved_at,
+        needs_tool=task.needs_tool,
+        used_tool=used,
+        answer_tokens=answer_tokens(t),
         trajectory_id=t.event_id,
-    )  # fmt: skip
+    )
 
 
 @dataclass
@@ -124,7 +128,9 @@ class SuiteRunner:
         try:
             runtimes = {p.name: self._runtime(client, p) for p, _ in suites}
             gate = asyncio.Semaphore(self.concurrency)
-            jobs = [self._one(runtimes[p.name], p, t, version, gate) for p, ts in suites for t in ts]
+            jobs = [
+                self._one(runtimes[p.name], p, t, version, gate) for p, ts in suites for t in ts
+            ]
             done = await asyncio.gather(*jobs)
         finally:
             await client.aclose()
@@ -132,24 +138,33 @@ class SuiteRunner:
 
     def _runtime(self, client: aioredis.Redis, pack: Pack) -> AgentRuntime:
         return AgentRuntime(
-            list(pack.agents), policy=PolicyClient(self.policy),
+            list(pack.agents),
+            policy=PolicyClient(self.policy),
             threads=Threads(client, canary_share=0.0, ttl_s=3600),
             sink=TrajectorySink(client, stream=STREAM_EVAL_TRAJECTORIES),
-        )  # fmt: skip
+        )
 
     async def _one(self, runtime: AgentRuntime, pack: Pack, task: Task, version: str, gate):
         async with gate:
             try:
-                t = await runtime.run(task.agent, task.input, EVAL_USER, new_id("eval"),
-                                      {"arloop.eval": version, "arloop.task": task.id},
-                                      arm=version)  # fmt: skip
+                t = await runtime.run(
+                    task.agent,
+                    task.input,
+                    EVAL_USER,
+                    new_id("eval"),
+                    {"arloop.eval": version, "arloop.task": task.id},
+                    arm=version,
+                )
             except PolicyError as exc:
-                raise EvalError(f"policy server failed while running {version} on "
-                                f"{task.id}: {exc.reason}") from exc  # fmt: skip
+                raise EvalError(
+                    f"policy server failed while running {version} on {task.id}: {exc.reason}"
+                ) from exc
         served = {s.policy_version for s in t.model_steps}
         if served != {version}:
-            raise EvalError(f"asked the policy server for {version}, it answered with "
-                            f"{sorted(served)}: is it arloop's policy server?")  # fmt: skip
+            raise EvalError(
+                f"asked the policy server for {version}, it answered with "
+                f"{sorted(served)}: is it arloop's policy server?"
+            )
         return outcome(pack, task, t, self.solved_at), t
 
 
@@ -200,33 +215,52 @@ class GateRunner:
 def policy_config(s: LearnerSettings) -> PolicyConfig:
     """How eval runs call the policy server: versioned model names, few retries."""
     return PolicyConfig(
-        model=s.policy_model, api_base=s.policy_api_base, api_key=s.policy_api_key,
-        timeout_s=s.policy_timeout_s, retries=1, versioned=True,
-        temperature=s.eval_temperature, max_tokens=s.eval_max_tokens,
-    )  # fmt: skip
+        model=s.policy_model,
+        api_base=s.policy_api_base,
+        api_key=s.policy_api_key,
+        timeout_s=s.policy_timeout_s,
+        retries=1,
+        versioned=True,
+        temperature=s.eval_temperature,
+        max_tokens=s.eval_max_tokens,
+    )
 
 
 def gate_config(s: LearnerSettings) -> GateConfig:
     """The gate's plain configuration from the learner's settings."""
     guards = GuardConfig(
-        max_kl=s.guard_max_kl, max_length_ratio=s.guard_max_length_ratio,
+        max_kl=s.guard_max_kl,
+        max_length_ratio=s.guard_max_length_ratio,
         min_length_ratio=s.guard_min_length_ratio,
         max_reward_length_corr=s.guard_max_reward_length_corr,
-        min_entropy_ratio=s.guard_min_entropy_ratio, max_entropy_ratio=s.guard_max_entropy_ratio,
+        min_entropy_ratio=s.guard_min_entropy_ratio,
+        max_entropy_ratio=s.guard_max_entropy_ratio,
         entropy_floor=s.guard_entropy_floor,
-        max_eval_drop=s.guard_max_eval_drop, max_tool_use_drop=s.guard_max_tool_use_drop,
-        max_clip_ratio=s.guard_max_clip_ratio, max_disagreement=s.guard_max_disagreement,
-    )  # fmt: skip
-    return GateConfig(alpha=s.gate_alpha, solved_at=s.gate_solved_at, min_ess=s.ope_min_ess,
-                      guards=guards)  # fmt: skip
+        max_eval_drop=s.guard_max_eval_drop,
+        max_tool_use_drop=s.guard_max_tool_use_drop,
+        max_clip_ratio=s.guard_max_clip_ratio,
+        max_disagreement=s.guard_max_disagreement,
+    )
+    return GateConfig(
+        alpha=s.gate_alpha, solved_at=s.gate_solved_at, min_ess=s.ope_min_ess, guards=guards
+    )
 
 
 def gate_runner(
-    s: LearnerSettings, redis_url: str, registry: PolicyRegistry, store: Store | None,
+    s: LearnerSettings,
+    redis_url: str,
+    registry: PolicyRegistry,
+    store: Store | None,
     packs: Sequence[Pack] | None = None,
-) -> GateRunner:  # fmt: skip
+) -> GateRunner:
     """The gate as `arloop learn` and `arloop eval` run it; SuiteMissing for an unknown pack."""
     packs = list(packs) if packs is not None else [resolve_pack(n) for n in s.eval_packs]
     suites = SuiteRunner(redis_url, packs, policy_config(s), s.eval_concurrency, s.gate_solved_at)
-    return GateRunner(registry, suites, gate_config(s), store=store,
-                      max_user_share=s.max_user_reward_share, ope_runs=s.ope_max_runs)  # fmt: skip
+    return GateRunner(
+        registry,
+        suites,
+        gate_config(s),
+        store=store,
+        max_user_share=s.max_user_reward_share,
+        ope_runs=s.ope_max_runs,
+    )

@@ -24,6 +24,8 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.background import BackgroundTask
 
+from deploy.policy_server.engine import FinishEvent, GenerationEngine, Row
+from deploy.policy_server.metrics import PolicyMetrics
 from deploy.policy_server.openai_wire import (
     ApiError,
     ChatRequest,
@@ -33,8 +35,6 @@ from deploy.policy_server.openai_wire import (
     target_of,
     tool_format_of,
 )
-from deploy.policy_server.engine import FinishEvent, GenerationEngine, Row
-from deploy.policy_server.metrics import PolicyMetrics
 from deploy.policy_server.stream import ChoiceStream, ChunkWriter, sse
 from deploy.policy_server.versions import LoadedPolicy, Loader, VersionManager, VersionUnavailable
 from deploy.settings import PolicyServerSettings

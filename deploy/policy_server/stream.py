@@ -6,8 +6,8 @@ import json
 import time
 from typing import Any
 
-from deploy.policy_server.openai_wire import ChatRequest, logprobs_content, message_of
 from deploy.policy_server.engine import FinishEvent, TokenEvent
+from deploy.policy_server.openai_wire import ChatRequest, logprobs_content, message_of
 from learner.policy.chat_format import ToolFormat, visible_len
 
 
@@ -92,4 +92,3 @@ class ChoiceStream:
             "logprobs": None,
             "finish_reason": finish_reason,
         }
-

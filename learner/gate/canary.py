@@ -14,10 +14,10 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from learner.policy.registry import CANDIDATE, CHAMPION, PolicyRegistry
 from learner.gate.release import end_canary, promote
-from learner.rewards import episode_reward, scored
 from learner.gate.stats import SequentialDecision, sequential_compare
+from learner.policy.registry import CANDIDATE, CHAMPION, PolicyRegistry
+from learner.rewards import episode_reward, scored
 from learner.store import Store
 
 PROMOTE, ROLLBACK, CONTINUE, TIMEOUT = "promote", "rollback", "continue", "timeout"
@@ -63,7 +63,9 @@ def arm_rewards(
 ) -> tuple[list[float], list[float]]:
     """(champion rewards, candidate rewards): one per run with feedback since `since`."""
     arms: dict[str, list[float]] = {champion: [], candidate: []}
-    for t, feedback in store.rewarded_runs(since=since, limit=limit, versions=[champion, candidate]):
+    for t, feedback in store.rewarded_runs(
+        since=since, limit=limit, versions=[champion, candidate]
+    ):
         reward = episode_reward(scored(feedback), [s.index for s in t.model_steps]).reward
         if reward is not None and t.policy_version in arms:
             arms[t.policy_version].append(reward)
@@ -80,8 +82,14 @@ def check(
         return None
     started = canary_started_at(registry, candidate)
     base, cand = arm_rewards(store, champion, candidate, started, config.max_runs)
-    decision = sequential_compare(base, cand, alpha=config.alpha, margin=config.margin,
-                                  min_per_arm=config.min_per_arm, scale=2.0)  # fmt: skip
+    decision = sequential_compare(
+        base,
+        cand,
+        alpha=config.alpha,
+        margin=config.margin,
+        min_per_arm=config.min_per_arm,
+        scale=2.0,
+    )
     action = decision.verdict
     now = time.time() if now is None else now
     if action == CONTINUE and now - started > config.timeout_s:
@@ -109,5 +117,7 @@ def canary_started_at(registry: PolicyRegistry, candidate: str) -> float:
 
 def _why(c: CanaryCheck) -> str:
     d = c.decision
-    return (f"reward diff {d.diff:+.3f}, CI {d.ci_low:+.3f}..{d.ci_high:+.3f} on "
-            f"{d.n_candidate}/{d.n_champion} runs")  # fmt: skip
+    return (
+        f"reward diff {d.diff:+.3f}, CI {d.ci_low:+.3f}..{d.ci_high:+.3f} on "
+        f"{d.n_candidate}/{d.n_champion} runs"
+    )

@@ -122,29 +122,41 @@ def decide(
     mine, theirs = outcomes_by_task(candidate), outcomes_by_task(champion)
     ids = sorted(mine)
     if not ids or set(ids) != set(theirs):
-        return refuse(candidate.version, champion.version, EVAL_TEST,
-                      "candidate and champion did not run the same, non-empty task set",
-                      suite=suite)  # fmt: skip
-    cmp = paired_comparison([int(theirs[i].solved) for i in ids], [int(mine[i].solved) for i in ids])
+        return refuse(
+            candidate.version,
+            champion.version,
+            EVAL_TEST,
+            "candidate and champion did not run the same, non-empty task set",
+            suite=suite,
+        )
+    cmp = paired_comparison(
+        [int(theirs[i].solved) for i in ids], [int(mine[i].solved) for i in ids]
+    )
     test_ok = cmp.p_worse >= config.alpha
-    guards = run_guards(_with_eval(evidence, [mine[i] for i in ids], [theirs[i] for i in ids],
-                                   cmp), config.guards)  # fmt: skip
+    guards = run_guards(
+        _with_eval(evidence, [mine[i] for i in ids], [theirs[i] for i in ids], cmp), config.guards
+    )
     failed = ([] if test_ok else [EVAL_TEST]) + [g.name for g in guards if not g.passed]
     if ope is not None and _ope_worse(ope):
         failed.append(OPE_CHECK)
     verdict = PASS if not failed else REJECT
     reason = _reason(verdict, cmp, config.alpha, guards, failed)
     return GateReport(
-        version=candidate.version, champion=champion.version, verdict=verdict, failed=failed,
-        reason=reason, suite=suite, tasks=len(ids),
+        version=candidate.version,
+        champion=champion.version,
+        verdict=verdict,
+        failed=failed,
+        reason=reason,
+        suite=suite,
+        tasks=len(ids),
         comparison=asdict(cmp) | {"alpha": config.alpha, "passed": test_ok},
-        guards=guards, ope=asdict(ope) if ope is not None else None, training=training or {},
-    )  # fmt: skip
+        guards=guards,
+        ope=asdict(ope) if ope is not None else None,
+        training=training or {},
+    )
 
 
-def refuse(
-    version: str, champion: str, failed: str, reason: str, *, suite: str = ""
-) -> GateReport:
+def refuse(version: str, champion: str, failed: str, reason: str, *, suite: str = "") -> GateReport:
     """An `error` verdict: the gate could not judge, so it does not pass (fail closed)."""
     return GateReport(version, champion, ERROR, [failed], reason, suite=suite)
 
@@ -182,15 +194,19 @@ def _reason(
     failed: Sequence[str],
 ) -> str:
     if verdict == PASS:
-        return (f"not worse on held-out tasks (p={cmp.p_worse:.3g} >= {alpha:g}) and every "
-                "guard holds")  # fmt: skip
+        return (
+            f"not worse on held-out tasks (p={cmp.p_worse:.3g} >= {alpha:g}) and every guard holds"
+        )
     parts = []
     for name in failed:
         if name == EVAL_TEST:
-            parts.append(f"worse on held-out tasks: {cmp.diff:+.3f}, McNemar p={cmp.p_worse:.3g}"
-                         f" < {alpha:g}")  # fmt: skip
+            parts.append(
+                f"worse on held-out tasks: {cmp.diff:+.3f}, McNemar p={cmp.p_worse:.3g} < {alpha:g}"
+            )
         elif name == OPE_CHECK:
-            parts.append("off-policy estimate on logged traffic is confidently below the logged mean")
+            parts.append(
+                "off-policy estimate on logged traffic is confidently below the logged mean"
+            )
         else:
             g = next(g for g in guards if g.name == name)
             parts.append(f"{name} {_fig(g.figure)} outside {g.threshold} ({g.detail})")

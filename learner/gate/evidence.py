@@ -52,10 +52,14 @@ def _run(t: TrajectoryEvent, feedback: Sequence[FeedbackEvent], reward: float | 
     steps = [_step(s.prompt_token_ids, s.completion_token_ids, s.logprobs) for s in t.model_steps]
     usable = tuple(s for s in steps if s is not None)
     return LoggedRun(
-        trajectory_id=t.event_id, policy_version=t.policy_version, reward=reward,
-        sources=source_scores(feedback), answer_tokens=answer_tokens(t), steps=usable,
+        trajectory_id=t.event_id,
+        policy_version=t.policy_version,
+        reward=reward,
+        sources=source_scores(feedback),
+        answer_tokens=answer_tokens(t),
+        steps=usable,
         complete=bool(steps) and len(usable) == len(steps),
-    )  # fmt: skip
+    )
 
 
 def _step(prompt: list[int] | None, completion: list[int] | None, lp: list[float] | None):

@@ -112,8 +112,12 @@ def gather(
     candidate, tokenizer = load_version(record)
     reference, _ = load_version(registry.get(BASE_VERSION))
     pad = tokenizer.pad_token_id
-    sequences = [(s.prompt_token_ids, s.completion_token_ids) for t in trajectories
-                 for s in t.model_steps if s.prompt_token_ids and s.completion_token_ids]  # fmt: skip
+    sequences = [
+        (s.prompt_token_ids, s.completion_token_ids)
+        for t in trajectories
+        for s in t.model_steps
+        if s.prompt_token_ids and s.completion_token_ids
+    ]
     div = divergence(candidate, reference, spread(sequences, MAX_DIVERGENCE_SEQUENCES), pad)
 
     def candidate_logprobs(seqs):
@@ -131,18 +135,20 @@ def gather(
     trained = logged_runs(store.trained_runs(version), max_user_share)
     rewarded = [r for r in trained if r.reward is not None and r.answer_tokens is not None]
     complete = [r for r in trained if r.reward is not None and r.complete]
-    gain = (importance_gain([r.reward for r in complete], log_ratios(complete, candidate_logprobs))
-            if complete else None)  # fmt: skip
+    gain = (
+        importance_gain([r.reward for r in complete], log_ratios(complete, candidate_logprobs))
+        if complete
+        else None
+    )
     held_out = store.rewarded_runs(limit=ope_runs, not_trained_by=version)
-    ope = off_policy_estimate(logged_runs(held_out, max_user_share), candidate_logprobs,
-                              min_ess)  # fmt: skip
+    ope = off_policy_estimate(logged_runs(held_out, max_user_share), candidate_logprobs, min_ess)
     evidence = replace(
         evidence,
         train_rewards=[r.reward for r in rewarded],
         train_lengths=[r.answer_tokens for r in rewarded],
         train_gain=gain,
         source_scores={r.trajectory_id: r.sources for r in trained if r.sources},
-    )  # fmt: skip
+    )
     training = {
         "trained_runs": len(trained),
         "rewarded_runs": len(rewarded),

@@ -139,9 +139,7 @@ def reward_length_corr(
     return GuardResult(name, r, threshold, ok, f"Pearson r over {len(rewards)} trained runs")
 
 
-def entropy_floor(
-    candidate: float | None, reference: float | None, c: GuardConfig
-) -> GuardResult:
+def entropy_floor(candidate: float | None, reference: float | None, c: GuardConfig) -> GuardResult:
     """Mean token entropy of the candidate against the reference's on the same tokens."""
     name = "entropy_floor"
     threshold = f"{c.min_entropy_ratio:g} .. {c.max_entropy_ratio:g}x reference" + (
@@ -164,11 +162,17 @@ def goodhart(train_gain: float | None, eval_diff: float | None, c: GuardConfig) 
     if eval_diff is None:
         return _no_evidence(name, threshold, "no held-out comparison")
     if train_gain is None:
-        return _na(name, threshold, "no importance-weighted training reward (no rewarded runs "
-                   "with logged token ids and logprobs)")  # fmt: skip
+        return _na(
+            name,
+            threshold,
+            "no importance-weighted training reward (no rewarded runs "
+            "with logged token ids and logprobs)",
+        )
     up = train_gain > c.min_train_gain
     ok = not (up and eval_diff < -c.max_eval_drop)
-    detail = f"train reward {train_gain:+.3f} ({'up' if up else 'not up'}), held-out {eval_diff:+.3f}"
+    detail = (
+        f"train reward {train_gain:+.3f} ({'up' if up else 'not up'}), held-out {eval_diff:+.3f}"
+    )
     return GuardResult(name, eval_diff, threshold, ok, detail)
 
 
@@ -192,16 +196,17 @@ def clip_ratio(value: float | None, c: GuardConfig) -> GuardResult:
     return GuardResult(name, value, threshold, ok, "from the round's training metrics")
 
 
-def reward_disagreement(
-    scores: Mapping[str, Mapping[str, float]], c: GuardConfig
-) -> GuardResult:
+def reward_disagreement(scores: Mapping[str, Mapping[str, float]], c: GuardConfig) -> GuardResult:
     """The worst disagreement between two reward sources on the runs both scored."""
     name, threshold = "reward_disagreement", f"<= {c.max_disagreement:g}"
     pairs = source_pair_disagreement(scores)
     counted = {p: v for p, v in pairs.items() if v[1] >= c.min_coscored}
     if not counted:
-        return _na(name, threshold, f"fewer than two reward sources scored {c.min_coscored}+ "
-                   "of the same runs")  # fmt: skip
+        return _na(
+            name,
+            threshold,
+            f"fewer than two reward sources scored {c.min_coscored}+ of the same runs",
+        )
     (a, b), (value, n) = max(counted.items(), key=lambda kv: kv[1][0])
     ok = value <= c.max_disagreement
     return GuardResult(name, value, threshold, ok, f"{a} vs {b} on {n} runs")

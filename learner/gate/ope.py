@@ -56,6 +56,4 @@ def snis(
     mu = float((w * rewards).sum() / w_sum)
     var = float((w**2 * (rewards - mu) ** 2).sum() / w_sum**2)
     half = z * math.sqrt(var)
-    return OPEEstimate(
-        n, behaviour_mean, mu, mu - half, mu + half, ess, min_ess, share, "ok"
-    )
+    return OPEEstimate(n, behaviour_mean, mu, mu - half, mu + half, ess, min_ess, share, "ok")

@@ -55,9 +55,14 @@ def reject(registry: PolicyRegistry, report: GateReport) -> None:
     """The gate refused: report stored, status REJECTED, a PolicyRejected event naming why."""
     record_report(registry, report)
     registry.set_status(report.version, VersionStatus.REJECTED, error=report.reason)
-    registry.emit(PolicyRejected(event_id=f"rejected_{report.version}_{_ms()}",
-                                 version=report.version, failed=report.failed,
-                                 reason=report.reason))  # fmt: skip
+    registry.emit(
+        PolicyRejected(
+            event_id=f"rejected_{report.version}_{_ms()}",
+            version=report.version,
+            failed=report.failed,
+            reason=report.reason,
+        )
+    )
 
 
 def open_candidate(registry: PolicyRegistry, version: str, *, actor: str) -> None:
@@ -73,7 +78,9 @@ def promote(
     record = registry.get(registry.resolve(version))
     version = record.version
     if record.status is VersionStatus.REJECTED and not force:
-        raise ReleaseError(f"{version} was rejected ({record.error}); promote it anyway with --force")
+        raise ReleaseError(
+            f"{version} was rejected ({record.error}); promote it anyway with --force"
+        )
     problem = checkpoint_problem(record)
     if problem:
         raise ReleaseError(f"cannot promote {version}: {problem}")
@@ -94,8 +101,15 @@ def end_canary(registry: PolicyRegistry, version: str, *, actor: str, reason: st
     _clear_candidate(registry, version, reason=f"rolled back: {reason}", actor=actor)
     registry.set_status(version, VersionStatus.REJECTED, error=f"rolled back: {reason}")
     champion = registry.aliases().get(CHAMPION, "")
-    registry.emit(PolicyRolledBack(event_id=f"rollback_{version}_{_ms()}", from_version=version,
-                                   to_version=champion, reason=reason, actor=actor))  # fmt: skip
+    registry.emit(
+        PolicyRolledBack(
+            event_id=f"rollback_{version}_{_ms()}",
+            from_version=version,
+            to_version=champion,
+            reason=reason,
+            actor=actor,
+        )
+    )
 
 
 def rollback(
@@ -109,13 +123,22 @@ def rollback(
         raise ReleaseError(f"{target} is already the champion")
     problem = checkpoint_problem(registry.get(target))
     if problem:
-        raise ReleaseError(f"cannot roll back to {target}: {problem}. The champion stays "
-                           f"{current}; pick another version with --to")  # fmt: skip
+        raise ReleaseError(
+            f"cannot roll back to {target}: {problem}. The champion stays "
+            f"{current}; pick another version with --to"
+        )
     registry.move_alias(CHAMPION, target, expect=current, reason=f"rollback: {reason}", actor=actor)
     registry.set_status(target, VersionStatus.CHAMPION)
     registry.set_status(current, VersionStatus.RETIRED, error=f"rolled back: {reason}")
-    registry.emit(PolicyRolledBack(event_id=f"rollback_{current}_{_ms()}", from_version=current,
-                                   to_version=target, reason=reason, actor=actor))  # fmt: skip
+    registry.emit(
+        PolicyRolledBack(
+            event_id=f"rollback_{current}_{_ms()}",
+            from_version=current,
+            to_version=target,
+            reason=reason,
+            actor=actor,
+        )
+    )
     return current, target
 
 
@@ -131,9 +154,7 @@ def previous_champion(registry: PolicyRegistry, champion: str) -> str:
     raise ReleaseError(f"{champion} has no earlier champion to roll back to; name one with --to")
 
 
-def apply_verdict(
-    registry: PolicyRegistry, report: GateReport, *, canary: bool, actor: str
-) -> str:
+def apply_verdict(registry: PolicyRegistry, report: GateReport, *, canary: bool, actor: str) -> str:
     """Act on the gate: reject, keep for a retry (error), open the canary or promote; a message."""
     v = report.version
     if report.verdict == ERROR:

@@ -26,8 +26,8 @@ def paired_comparison(champion: Sequence[int], candidate: Sequence[int]) -> Pair
     if len(champion) != len(candidate) or not champion:
         raise ValueError("paired comparison needs two equally long, non-empty outcome lists")
     n = len(champion)
-    b = sum(1 for a, c in zip(champion, candidate) if a and not c)  # champion only
-    c_ = sum(1 for a, c in zip(champion, candidate) if c and not a)  # candidate only
+    b = sum(1 for a, c in zip(champion, candidate, strict=True) if a and not c)  # champion only
+    c_ = sum(1 for a, c in zip(champion, candidate, strict=True) if c and not a)  # candidate only
     p1, p2 = sum(champion) / n, sum(candidate) / n
     low, high = _newcombe_paired(n, sum(champion), sum(candidate), b, c_)
     # Under H0 the discordant pairs split 50/50; "worse" means many champion-only pairs.
@@ -63,9 +63,7 @@ def _newcombe_paired(n: int, s1: int, s2: int, b: int, c: int) -> tuple[float, f
     # Newcombe's continuity-corrected phi: shrink a positive correlation by n/2.
     cross = max(cross - n / 2, 0) if cross > 0 else cross
     phi = cross / denom if denom > 0 else 0.0
-    low = d - math.sqrt(
-        max((p2 - l2) ** 2 - 2 * phi * (p2 - l2) * (u1 - p1) + (u1 - p1) ** 2, 0.0)
-    )
+    low = d - math.sqrt(max((p2 - l2) ** 2 - 2 * phi * (p2 - l2) * (u1 - p1) + (u1 - p1) ** 2, 0.0))
     high = d + math.sqrt(
         max((u2 - p2) ** 2 - 2 * phi * (u2 - p2) * (p1 - l1) + (p1 - l1) ** 2, 0.0)
     )

@@ -70,7 +70,9 @@ def render_prompt(
             plain, chat_template=template, tokenize=False, add_generation_prompt=True
         )
     except TemplateError as exc:
-        raise ChatFormatError(f"the model's chat template refused the messages: {exc}", "messages")
+        raise ChatFormatError(
+            f"the model's chat template refused the messages: {exc}", "messages"
+        ) from exc
 
 
 def prompt_token_ids(

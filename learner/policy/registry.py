@@ -194,9 +194,14 @@ class PolicyRegistry:
         )
         ok, current = self._move(
             keys=[POLICY_ALIASES, STREAM_POLICY],
-            args=[alias, version or "", "" if expect is None else expect,
-                  json.dumps(encode(event)), POLICY_CHANNEL],
-        )  # fmt: skip
+            args=[
+                alias,
+                version or "",
+                "" if expect is None else expect,
+                json.dumps(encode(event)),
+                POLICY_CHANNEL,
+            ],
+        )
         current = current.decode() if isinstance(current, bytes) else current
         if not ok:
             raise AliasConflict(

@@ -12,7 +12,7 @@ from learner.policy.chatml import CHATML_TEMPLATE, SPECIAL_TOKENS
 
 _CORPUS = [
     "The answer is 42. What is 12 plus 30? Use the calculator tool.",
-    "<tool_call>{\"name\": \"calculator\", \"arguments\": {\"expression\": \"12+30\"}}</tool_call>",
+    '<tool_call>{"name": "calculator", "arguments": {"expression": "12+30"}}</tool_call>',
     "A patient reports a headache and fever since yesterday. Triage: see a doctor.",
     "You are a helpful assistant. Think step by step, then write #### and the answer.",
     "0 1 2 3 4 5 6 7 8 9 + - * / ( ) = . , ? ! : ; ' \" { } [ ] < > # @ _",

@@ -19,14 +19,20 @@ def test_round_trip_carries_the_claims():
     assert "=" not in token and "+" not in token and "/" not in token  # base64url, no padding
 
 
-@pytest.mark.parametrize("mangle", [
-    lambda t: t[:-2] + ("AA" if not t.endswith("AA") else "BB"),  # altered mac
-    lambda t: sign(SECRET, TokenClaims("traj_1", "u2", "v3", 2**40)).split(".")[0]
-    + "." + t.split(".")[1],  # payload swapped under the old mac
-    lambda t: t.split(".")[0],  # no mac
-    lambda t: "!!!." + t.split(".")[1],  # not base64
-    lambda t: issue("another-secret" * 3, "traj_1", "u1", "v3", ttl_s=60),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "mangle",
+    [
+        lambda t: t[:-2] + ("AA" if not t.endswith("AA") else "BB"),  # altered mac
+        lambda t: (
+            sign(SECRET, TokenClaims("traj_1", "u2", "v3", 2**40)).split(".")[0]
+            + "."
+            + t.split(".")[1]
+        ),  # payload swapped under the old mac
+        lambda t: t.split(".")[0],  # no mac
+        lambda t: "!!!." + t.split(".")[1],  # not base64
+        lambda t: issue("another-secret" * 3, "traj_1", "u1", "v3", ttl_s=60),
+    ],
+)
 def test_altered_or_foreign_tokens_are_401(mangle):
     token = mangle(issue(SECRET, "traj_1", "u1", "v3", ttl_s=60))
     with pytest.raises(TokenError) as err:
@@ -35,8 +41,11 @@ def test_altered_or_foreign_tokens_are_401(mangle):
 
 
 def test_missing_and_expired_tokens_are_401():
-    for token, reason in [(None, "missing"), ("", "missing"),
-                          (sign(SECRET, TokenClaims("t", "u", "v", 100)), "expired")]:  # fmt: skip
+    for token, reason in [
+        (None, "missing"),
+        ("", "missing"),
+        (sign(SECRET, TokenClaims("t", "u", "v", 100)), "expired"),
+    ]:
         with pytest.raises(TokenError) as err:
             verify(SECRET, token)
         assert err.value.status == 401 and reason in err.value.reason

@@ -19,7 +19,11 @@ from tools.kb_search import KbSearch, KbSearchArgs
 
 
 def test_load_packs_serves_every_agent_and_names_unknown_packs():
-    assert [a.name for a in load_packs(["tutoring", "medical"])] == ["tutor", "tutor_hints", "triage"]
+    assert [a.name for a in load_packs(["tutoring", "medical"])] == [
+        "tutor",
+        "tutor_hints",
+        "triage",
+    ]
     with pytest.raises(ValueError, match="known packs"):
         load_packs(["cooking"])
     with pytest.raises(ValueError, match="known packs"):
@@ -87,7 +91,9 @@ def test_prompts_are_left_alone_by_the_phi_scrubber():
 
 
 def test_scrubbed_inputs_stay_put_when_scrubbed_again():
-    once = scrub_input("Emma had 62 marbles and gave 18 of them to a friend. How many does Emma have?")
+    once = scrub_input(
+        "Emma had 62 marbles and gave 18 of them to a friend. How many does Emma have?"
+    )
     assert "[NAME]" in once and "Emma" not in once and "62" in once
     assert scrub_input(once) == once
 
@@ -96,11 +102,21 @@ def test_tutor_prompt_is_the_worked_example_in_the_line_format():
     tutor = load_packs(["tutoring"])[0]
     assert tutor.kind == "react" and [t.name for t in tutor.tools] == ["calculator"]
     assert tutor.input_filter is not None and tutor.examples == EXAMPLE
-    messages = [{"role": "system", "content": tutor.system_prompt}, *tutor.examples,
-                {"role": "user", "content": "[NAME] has 11 cards and buys 22 more."}]  # fmt: skip
+    messages = [
+        {"role": "system", "content": tutor.system_prompt},
+        *tutor.examples,
+        {"role": "user", "content": "[NAME] has 11 cards and buys 22 more."},
+    ]
     text = render_prompt(build_tokenizer(), messages, [t.spec() for t in tutor.tools], "line")
     turns = re.findall(r"<\|im_start\|>(\w+)\n(.*?)<\|im_end\|>", text, re.DOTALL)
-    assert [role for role, _ in turns] == ["system", "user", "assistant", "tool", "assistant", "user"]
+    assert [role for role, _ in turns] == [
+        "system",
+        "user",
+        "assistant",
+        "tool",
+        "assistant",
+        "user",
+    ]
     assert turns[0][1].endswith("CALL calculator: <expression>\nThe result will be shown to you.")
     assert turns[2][1] == "CALL calculator: 42-12" and turns[3][1] == "30"
     assert turns[4][1].endswith("#### 30")
@@ -120,8 +136,9 @@ def test_every_knowledge_base_page_cites_a_public_source():
         cited = next(line for line in text.splitlines() if line.startswith("source:"))
         assert cited.split(":", 1)[1].strip(), page.name
         listed = next(line for line in sources if line.startswith(f"- `{page.name}`"))
-        assert re.search(r"https://(www\.nhs\.uk|www\.cdc\.gov|www\.who\.int|988lifeline\.org)/",
-                         listed), page.name  # fmt: skip
+        assert re.search(
+            r"https://(www\.nhs\.uk|www\.cdc\.gov|www\.who\.int|988lifeline\.org)/", listed
+        ), page.name
         assert not re.search(r"\d+\s*(mg|ml|mcg)\b", text), f"{page.name} gives a dose"
 
 

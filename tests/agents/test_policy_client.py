@@ -23,8 +23,11 @@ async def test_versioned_arms_name_the_model_and_the_fingerprint_is_the_version(
     assert llm.requests[0]["model"] == "arloop@candidate"
     assert llm.requests[0]["logprobs"] is True and llm.requests[0]["return_token_ids"] is True
     assert (step.index, step.model, step.policy_version, step.output) == (
-        4, "openai/arloop@candidate", "v3", "a",
-    )  # fmt: skip
+        4,
+        "openai/arloop@candidate",
+        "v3",
+        "a",
+    )
     plain = await client(llm, versioned=False).complete(HI, arm="candidate")
     assert llm.requests[1]["model"] == "arloop" and plain.model == "openai/arloop"
 
@@ -52,8 +55,9 @@ async def test_timeout_is_504(llm):
 
 
 async def test_unreachable_endpoint_is_502():
-    dead = PolicyConfig(model="openai/arloop", api_base=f"http://127.0.0.1:{free_port()}/v1",
-                        api_key="k", retries=0)  # fmt: skip
+    dead = PolicyConfig(
+        model="openai/arloop", api_base=f"http://127.0.0.1:{free_port()}/v1", api_key="k", retries=0
+    )
     with pytest.raises(PolicyError) as err:
         await PolicyClient(dead).complete(HI)
     assert err.value.status == 502 and "Connection error" in err.value.reason

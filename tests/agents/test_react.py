@@ -39,7 +39,7 @@ async def test_tool_loop_is_recorded_exactly_as_sent_and_received(aredis, llm):
     assert [s.index for s in event.steps] == [0, 1, 2]
     first, tool, second = event.steps
     assert tool.name == "add" and tool.output == "5" and tool.error is None
-    for step, request, response in zip([first, second], llm.requests, llm.responses):
+    for step, request, response in zip([first, second], llm.requests, llm.responses, strict=True):
         choice = response["choices"][0]
         assert request["model"] == "arloop@champion"
         assert step.messages == request["messages"]
@@ -54,11 +54,18 @@ async def test_tool_loop_is_recorded_exactly_as_sent_and_received(aredis, llm):
     ]
     call_id = first.tool_calls[0].id
     assert llm.requests[1]["messages"][2:] == [
-        {"role": "assistant", "tool_calls": [
-            {"id": call_id, "type": "function",
-             "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}}]},
+        {
+            "role": "assistant",
+            "tool_calls": [
+                {
+                    "id": call_id,
+                    "type": "function",
+                    "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'},
+                }
+            ],
+        },
         {"role": "tool", "tool_call_id": call_id, "content": "5"},
-    ]  # fmt: skip
+    ]
     assert event.policy_version == "v7"
     assert await stream_events(aredis) == [event]
 
@@ -75,8 +82,9 @@ async def test_step_budget_stops_the_loop(aredis, llm):
 
 
 async def test_tools_that_raise_hang_or_flood_become_error_observations(aredis, llm):
-    spec = AgentSpec(name="t", description="d", system_prompt=SYSTEM,
-                     tools=(Explode(), Hang(), Flood()))  # fmt: skip
+    spec = AgentSpec(
+        name="t", description="d", system_prompt=SYSTEM, tools=(Explode(), Hang(), Flood())
+    )
     llm.push(
         Reply(tool_calls=[("explode", "{}"), ("hang", "{}"), ("flood", "{}"), ("nope", "{}")]),
         Reply(content="Tools are broken today."),
@@ -101,7 +109,10 @@ async def test_thread_continues_across_runs(aredis, llm):
 
     assert second.thread_id == first.thread_id
     assert [m["content"] for m in llm.requests[1]["messages"]] == [
-        SYSTEM, "I am Sam.", "Hi Sam.", "Who am I?",
+        SYSTEM,
+        "I am Sam.",
+        "Hi Sam.",
+        "Who am I?",
     ]
     llm.push(Reply(content="No idea."))
     other = await rt.run("tutor", "Who am I?", "u1")  # no thread id: a new thread
@@ -119,8 +130,12 @@ async def test_litellm_sees_tools_as_json_schema(aredis, llm):
 
 async def test_a_failed_run_leaves_the_thread_as_it_was(aredis, llm):
     rt = runtime(aredis, llm, tutor())
-    llm.push(Reply(content="one"), Reply(tool_calls=[("add", '{"a": 1, "b": 2}')]),
-             Reply(status=500), Reply(content="three"))  # fmt: skip
+    llm.push(
+        Reply(content="one"),
+        Reply(tool_calls=[("add", '{"a": 1, "b": 2}')]),
+        Reply(status=500),
+        Reply(content="three"),
+    )
     first = await rt.run("tutor", "first", "u1")
     with pytest.raises(PolicyError):
         await rt.run("tutor", "second", "u1", thread_id=first.thread_id)

@@ -20,8 +20,15 @@ def runtime(aredis, llm, *specs: AgentSpec) -> AgentRuntime:
 
 
 def solver(**kw) -> AgentSpec:
-    spec = {"name": "solver", "description": "d", "system_prompt": SYSTEM, "kind": "reflexion",
-            "tools": (Add(),), "task_kind": "arithmetic", "verifier": ExpectVerifier("5")}
+    spec = {
+        "name": "solver",
+        "description": "d",
+        "system_prompt": SYSTEM,
+        "kind": "reflexion",
+        "tools": (Add(),),
+        "task_kind": "arithmetic",
+        "verifier": ExpectVerifier("5"),
+    }
     return AgentSpec(**(spec | kw))
 
 
@@ -36,9 +43,14 @@ async def test_failed_attempt_reflects_retries_and_passes(aredis, llm):
 
     assert event.output == "It is 5."
     assert [(type(s).__name__, getattr(s, "name", "")) for s in event.steps] == [
-        ("ModelStep", ""), ("ToolStep", "expect"), ("ModelStep", ""),
-        ("ModelStep", ""), ("ToolStep", "add"), ("ModelStep", ""), ("ToolStep", "expect"),
-    ]  # fmt: skip
+        ("ModelStep", ""),
+        ("ToolStep", "expect"),
+        ("ModelStep", ""),
+        ("ModelStep", ""),
+        ("ToolStep", "add"),
+        ("ModelStep", ""),
+        ("ToolStep", "expect"),
+    ]
     first_check, second_check = [s for s in event.tool_steps if s.name == "expect"]
     assert first_check.output == "FAIL: expected 5" and second_check.output == "PASS"
     assert first_check.arguments == {"question": "What is 2 plus 3?", "answer": "It is 4."}
@@ -91,8 +103,15 @@ async def test_without_a_verifier_the_model_checks_itself_and_retries_are_bounde
     answer, check, reflect = SYSTEM, CHECK_PROMPT, REFLECT_PROMPT
     assert systems[0].startswith(answer) and systems[1:3] == [check, reflect]
     assert [s if not s.startswith(SYSTEM) else answer for s in systems] == [
-        answer, check, reflect, answer, check, reflect, answer, check,
-    ]  # fmt: skip
+        answer,
+        check,
+        reflect,
+        answer,
+        check,
+        reflect,
+        answer,
+        check,
+    ]
     assert event.metadata == {"arloop.verdict": "fail", "arloop.attempts": "3"}
     assert event.output == "Maybe."
     lessons = await LongTermMemory(aredis).recall("u1", "arithmetic", "reflection", "which larger")

@@ -20,28 +20,48 @@ def scrub(text: str) -> str:
 def model_step(index: int, prompt: str, output: str | None, args: str | None = None) -> ModelStep:
     calls = [ToolCallRequest(id="c1", name="lookup", arguments=args)] if args else []
     return ModelStep(
-        index=index, messages=[{"role": "user", "content": prompt}], output=output,
-        tool_calls=calls, model="arloop", policy_version="v1", prompt_token_ids=[1, 2],
-        completion_token_ids=[3], logprobs=[-0.5], latency_ms=1.0,
-    )  # fmt: skip
+        index=index,
+        messages=[{"role": "user", "content": prompt}],
+        output=output,
+        tool_calls=calls,
+        model="arloop",
+        policy_version="v1",
+        prompt_token_ids=[1, 2],
+        completion_token_ids=[3],
+        logprobs=[-0.5],
+        latency_ms=1.0,
+    )
 
 
 def trajectory(*steps) -> TrajectoryEvent:
     return TrajectoryEvent(
-        event_id="traj_1", thread_id="th", agent="triage", user_id="u1",
-        input="Alice has a cough", output="Rest, Alice.", policy_version="v1",
-        steps=list(steps), started_at=1.0, finished_at=2.0,
-    )  # fmt: skip
+        event_id="traj_1",
+        thread_id="th",
+        agent="triage",
+        user_id="u1",
+        input="Alice has a cough",
+        output="Rest, Alice.",
+        policy_version="v1",
+        steps=list(steps),
+        started_at=1.0,
+        finished_at=2.0,
+    )
 
 
 def test_scrubbing_drops_token_ids_only_where_text_changed():
     event = trajectory(
         model_step(0, "Alice has a cough", None, '{"who": "Alice"}'),
-        ToolStep(index=1, call_id="c1", name="lookup", arguments={"who": ["Alice", 3]},
-                 output="Alice: no record", latency_ms=1.0),
+        ToolStep(
+            index=1,
+            call_id="c1",
+            name="lookup",
+            arguments={"who": ["Alice", 3]},
+            output="Alice: no record",
+            latency_ms=1.0,
+        ),
         model_step(2, "no names here", "Rest, Alice."),
         model_step(3, "no names here", "Rest well."),
-    )  # fmt: skip
+    )
     clean = scrub_trajectory(event, scrub)
     first, tool, third, fourth = clean.steps
     assert "Alice" not in clean.model_dump_json()
@@ -55,11 +75,23 @@ def test_scrubbing_drops_token_ids_only_where_text_changed():
 
 
 def test_scrubbing_covers_assistant_tool_calls_inside_messages():
-    step = model_step(0, "hi", "ok").model_copy(update={"messages": [
-        {"role": "assistant", "tool_calls": [
-            {"id": "c", "type": "function", "function": {"name": "f", "arguments": "Alice"}}]},
-        {"role": "tool", "tool_call_id": "c", "content": "Alice found"},
-    ]})  # fmt: skip
+    step = model_step(0, "hi", "ok").model_copy(
+        update={
+            "messages": [
+                {
+                    "role": "assistant",
+                    "tool_calls": [
+                        {
+                            "id": "c",
+                            "type": "function",
+                            "function": {"name": "f", "arguments": "Alice"},
+                        }
+                    ],
+                },
+                {"role": "tool", "tool_call_id": "c", "content": "Alice found"},
+            ]
+        }
+    )
     clean = scrub_trajectory(trajectory(step), scrub)
     assert "Alice" not in clean.model_dump_json() and clean.steps[0].prompt_token_ids is None
 
@@ -89,7 +121,11 @@ def test_texts_found_clean_are_not_scrubbed_again_and_phi_is_never_remembered():
 
     cached = CleanTexts(counting, size=2)
     assert [cached(t) for t in ("system prompt", "Alice", "system prompt", "Alice")] == [
-        "system prompt", "<PERSON>", "system prompt", "<PERSON>"]  # fmt: skip
+        "system prompt",
+        "<PERSON>",
+        "system prompt",
+        "<PERSON>",
+    ]
     assert seen == ["system prompt", "Alice", "Alice"]  # the clean text once, the name each time
     cached("a"), cached("b")  # the oldest clean text falls out past `size`
     cached("system prompt")

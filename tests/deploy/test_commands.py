@@ -6,10 +6,10 @@ from typer.testing import CliRunner
 from deploy.cli import app
 from deploy.embedded_redis import free_port
 from learner.gate.eval_gate import GateReport
-from learner.policy.registry import CANDIDATE, CHAMPION, VersionStatus
 from learner.gate.release import apply_verdict
-from tests.learner.learner_fixtures import base_registry
+from learner.policy.registry import CANDIDATE, CHAMPION, VersionStatus
 from tests.learner.gate.release_support import add_version
+from tests.learner.learner_fixtures import base_registry
 
 runner = CliRunner()
 
@@ -21,8 +21,11 @@ def registry(redis_client):
 
 @pytest.fixture
 def arloop(redis_url, tmp_path):
-    env = {"ARLOOP_REDIS_URL": redis_url, "ARLOOP_DATA_DIR": str(tmp_path / "data"),
-           "COLUMNS": "250"}  # fmt: skip
+    env = {
+        "ARLOOP_REDIS_URL": redis_url,
+        "ARLOOP_DATA_DIR": str(tmp_path / "data"),
+        "COLUMNS": "250",
+    }
 
     def invoke(*args: str, **extra: str):
         return runner.invoke(app, list(args), env=env | extra)
@@ -37,12 +40,16 @@ def _report(version, verdict, failed=()):
 def test_list_shows_versions_aliases_verdicts_and_recent_moves(arloop, registry, tmp_path):
     good, bad = add_version(registry, tmp_path), add_version(registry, tmp_path)
     apply_verdict(registry, _report(good, "pass"), canary=True, actor="learner-1")
-    apply_verdict(registry, _report(bad, "reject", ["reward_length_corr"]), canary=True,
-                  actor="learner-1")  # fmt: skip
+    apply_verdict(
+        registry, _report(bad, "reject", ["reward_length_corr"]), canary=True, actor="learner-1"
+    )
     result = arloop("policy", "list")
     assert result.exit_code == 0, result.output
-    rows = {line.split("│")[1].strip(): line for line in result.output.splitlines()
-            if line.count("│") > 5 and line.split("│")[1].strip().startswith("v")}  # fmt: skip
+    rows = {
+        line.split("│")[1].strip(): line
+        for line in result.output.splitlines()
+        if line.count("│") > 5 and line.split("│")[1].strip().startswith("v")
+    }
     assert "champion" in rows["v0"]
     assert "candidate" in rows[good] and "pass" in rows[good]
     assert "rejected" in rows[bad] and "reward_length_corr" in rows[bad]
@@ -54,7 +61,9 @@ def test_promote_moves_the_champion_and_refuses_a_rejected_version(arloop, regis
     good, bad = add_version(registry, tmp_path), add_version(registry, tmp_path)
     apply_verdict(registry, _report(bad, "reject", ["goodhart"]), canary=True, actor="gate")
     refused = arloop("policy", "promote", bad)
-    assert refused.exit_code == 1 and "was rejected" in refused.output and "--force" in refused.output
+    assert (
+        refused.exit_code == 1 and "was rejected" in refused.output and "--force" in refused.output
+    )
     assert registry.resolve(CHAMPION) == "v0"
     done = arloop("policy", "promote", good)
     assert done.exit_code == 0 and f"{good} is the champion (was v0)" in done.output
@@ -96,10 +105,12 @@ def test_eval_without_a_pack_or_with_the_server_down_exits_2(arloop, registry, t
     none = arloop("eval")
     assert none.exit_code == 2 and "no eval pack configured" in none.output
     down = arloop(
-        "eval", "--json", "--apply",
+        "eval",
+        "--json",
+        "--apply",
         ARLOOP_EVAL_PACKS='["tests.deploy.learn.test_suite_runner:echo_pack"]',
         ARLOOP_POLICY_API_BASE=f"http://127.0.0.1:{free_port()}/v1",
-    )  # fmt: skip
+    )
     assert down.exit_code == 2 and '"verdict": "error"' in down.output
     assert "stays READY" in down.output and registry.resolve(CHAMPION) == "v0"
     unknown = arloop("eval", ARLOOP_EVAL_PACKS='["nonexistent"]')

@@ -21,12 +21,23 @@ SECRET = "test-secret-" + "x" * 32
 def api_specs() -> list[AgentSpec]:
     """A ReAct tutor with `add`, and a Reflexion solver checked by a verifier."""
     return [
-        AgentSpec(name="tutor", description="adds", system_prompt="You add.", tools=(Add(),),
-                  task_kind="tutoring"),
-        AgentSpec(name="solver", description="adds, checked", system_prompt="You add.",
-                  kind="reflexion", tools=(Add(),), verifier=ExpectVerifier("5"),
-                  task_kind="arithmetic"),
-    ]  # fmt: skip
+        AgentSpec(
+            name="tutor",
+            description="adds",
+            system_prompt="You add.",
+            tools=(Add(),),
+            task_kind="tutoring",
+        ),
+        AgentSpec(
+            name="solver",
+            description="adds, checked",
+            system_prompt="You add.",
+            kind="reflexion",
+            tools=(Add(),),
+            verifier=ExpectVerifier("5"),
+            task_kind="arithmetic",
+        ),
+    ]
 
 
 @dataclass
@@ -36,8 +47,9 @@ class Api:
     settings: AgentApiSettings
 
     def run(self, text: str, user: str = "u1", agent: str = "tutor", **extra) -> httpx.Response:
-        return self.http.post(f"/v1/agents/{agent}/runs",
-                              json={"input": text, "user_id": user, **extra})  # fmt: skip
+        return self.http.post(
+            f"/v1/agents/{agent}/runs", json={"input": text, "user_id": user, **extra}
+        )
 
     def feedback(self, **body) -> httpx.Response:
         return self.http.post("/v1/feedback", json=body)
@@ -55,13 +67,23 @@ def start_api(redis_url, llm):
     def start(*, specs="test", scrubber=None, rng=None, **overrides) -> Api:
         """`specs=None` serves the configured packs; the default serves `api_specs()`."""
         base = {
-            "redis_url": redis_url, "policy_api_base": llm.base_url, "policy_api_key": "k",
-            "policy_retries": 0, "policy_timeout_s": 5.0, "api_keys": [API_KEY],
-            "secret_key": SECRET, "scrub_phi": False, "canary_share": 0.0,
-        }  # fmt: skip
+            "redis_url": redis_url,
+            "policy_api_base": llm.base_url,
+            "policy_api_key": "k",
+            "policy_retries": 0,
+            "policy_timeout_s": 5.0,
+            "api_keys": [API_KEY],
+            "secret_key": SECRET,
+            "scrub_phi": False,
+            "canary_share": 0.0,
+        }
         settings = AgentApiSettings(_env_file=None, **(base | overrides))
-        app = create_app(settings, specs=api_specs() if specs == "test" else specs,
-                         scrubber=scrubber, rng=rng or random.Random(0))  # fmt: skip
+        app = create_app(
+            settings,
+            specs=api_specs() if specs == "test" else specs,
+            scrubber=scrubber,
+            rng=rng or random.Random(0),
+        )
         server = ServerThread(app).start()
         headers = {"Authorization": f"Bearer {API_KEY}"}
         api = Api(server, httpx.Client(base_url=server.url, headers=headers, timeout=30), settings)

@@ -105,20 +105,25 @@ class ScriptedLLM:
         message: dict[str, Any] = {"role": "assistant", "content": reply.content}
         if reply.tool_calls:
             message["tool_calls"] = [
-                {"id": f"call_{n}_{i}", "type": "function",
-                 "function": {"name": name, "arguments": args}}
+                {
+                    "id": f"call_{n}_{i}",
+                    "type": "function",
+                    "function": {"name": name, "arguments": args},
+                }
                 for i, (name, args) in enumerate(reply.tool_calls)
-            ]  # fmt: skip
+            ]
         choice = {
             "index": 0,
             "message": message,
             "finish_reason": "tool_calls" if reply.tool_calls else "stop",
             "token_ids": ids,
-            "logprobs": {"content": [
-                {"token": str(t), "logprob": fake_logprob(t), "bytes": None, "top_logprobs": []}
-                for t in ids
-            ]},
-        }  # fmt: skip
+            "logprobs": {
+                "content": [
+                    {"token": str(t), "logprob": fake_logprob(t), "bytes": None, "top_logprobs": []}
+                    for t in ids
+                ]
+            },
+        }
         prompt_ids = token_ids(json.dumps(request.get("messages", [])))
         body = {
             "id": f"chatcmpl-{n}",
@@ -127,9 +132,12 @@ class ScriptedLLM:
             "model": request.get("model", "fake"),
             "prompt_token_ids": prompt_ids,
             "choices": [choice],
-            "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": len(ids),
-                      "total_tokens": len(prompt_ids) + len(ids)},
-        }  # fmt: skip
+            "usage": {
+                "prompt_tokens": len(prompt_ids),
+                "completion_tokens": len(ids),
+                "total_tokens": len(prompt_ids) + len(ids),
+            },
+        }
         if not reply.token_info:
             del body["prompt_token_ids"], choice["token_ids"], choice["logprobs"]
         fingerprint = reply.fingerprint
@@ -164,8 +172,15 @@ def main() -> None:
     parser.add_argument("--tool-steps", type=int, default=3)
     opts = parser.parse_args()
     llm = ScriptedLLM(responder=tool_loop_responder(opts.tool, opts.arguments, opts.tool_steps))
-    uvicorn.run(llm.app, host="127.0.0.1", port=opts.port, log_level="warning",
-                loop="uvloop", http="httptools", access_log=False)  # fmt: skip
+    uvicorn.run(
+        llm.app,
+        host="127.0.0.1",
+        port=opts.port,
+        log_level="warning",
+        loop="uvloop",
+        http="httptools",
+        access_log=False,
+    )
 
 
 if __name__ == "__main__":

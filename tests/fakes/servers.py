@@ -18,9 +18,14 @@ class ServerThread:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         config = uvicorn.Config(
-            app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on",
-            loop="asyncio", timeout_graceful_shutdown=2,
-        )  # fmt: skip
+            app,
+            host="127.0.0.1",
+            port=self.port,
+            log_level="warning",
+            lifespan="on",
+            loop="asyncio",
+            timeout_graceful_shutdown=2,
+        )
         self.server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self.server.run, daemon=True)
 

@@ -52,10 +52,16 @@ def model_step(
     if logprobs:
         lp = completion_logprobs(base_model(), p, c, tokenizer().pad_token_id).tolist()
     return ModelStep(
-        index=index, messages=[{"role": "user", "content": prompt}], output=answer,
-        model="arloop", policy_version="v0", prompt_token_ids=p if with_ids else None,
-        completion_token_ids=c if with_ids else None, logprobs=lp, latency_ms=5.0,
-    )  # fmt: skip
+        index=index,
+        messages=[{"role": "user", "content": prompt}],
+        output=answer,
+        model="arloop",
+        policy_version="v0",
+        prompt_token_ids=p if with_ids else None,
+        completion_token_ids=c if with_ids else None,
+        logprobs=lp,
+        latency_ms=5.0,
+    )
 
 
 def trajectory(
@@ -82,14 +88,22 @@ def trajectory(
                 arguments={"expression": "12+30"},
                 output="42",
                 latency_ms=1.0,
-            ),  # fmt: skip
+            ),
             model_step(2, prompt + " 42", answer, with_ids=with_ids, logprobs=logprobs),
         ]
     return TrajectoryEvent(
-        event_id=new_id("traj"), thread_id=new_id("thread"), agent="tutor", user_id=user,
-        input=prompt, output=answer, policy_version="v0", steps=steps, started_at=now - 1,
-        finished_at=now, metadata={"group": group} if group else {},
-    )  # fmt: skip
+        event_id=new_id("traj"),
+        thread_id=new_id("thread"),
+        agent="tutor",
+        user_id=user,
+        input=prompt,
+        output=answer,
+        policy_version="v0",
+        steps=steps,
+        started_at=now - 1,
+        finished_at=now,
+        metadata={"group": group} if group else {},
+    )
 
 
 def feedback(
@@ -104,10 +118,17 @@ def feedback(
     source: str = "user",
 ) -> FeedbackEvent:
     return FeedbackEvent(
-        event_id=new_id("fb"), trajectory_id=trajectory_id, user_id=user,
-        kind=FeedbackKind(kind), value=value, text=text, policy_version="v0", turn=turn,
-        source=source, created_at=time.time() if created_at is None else created_at,
-    )  # fmt: skip
+        event_id=new_id("fb"),
+        trajectory_id=trajectory_id,
+        user_id=user,
+        kind=FeedbackKind(kind),
+        value=value,
+        text=text,
+        policy_version="v0",
+        turn=turn,
+        source=source,
+        created_at=time.time() if created_at is None else created_at,
+    )
 
 
 def xadd(client: redis.Redis, event: TrajectoryEvent | FeedbackEvent) -> str:

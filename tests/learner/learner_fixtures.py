@@ -39,7 +39,13 @@ def base_registry(client) -> PolicyRegistry:
 def tiny_round_config(tmp_path, **overrides) -> RoundConfig:
     """A round on the tiny model that moves it visibly in one update."""
     train = TrainConfig(lr=5e-2, lora_rank=8, lora_alpha=16, kl_coef=0.0, micro_batch_size=8)
-    values = dict(base_model="tiny", checkpoints_dir=tmp_path / "checkpoints", train=train,
-                  feedback_window_s=600.0, batch_size=16, actor="test")  # fmt: skip
+    values = dict(
+        base_model="tiny",
+        checkpoints_dir=tmp_path / "checkpoints",
+        train=train,
+        feedback_window_s=600.0,
+        batch_size=16,
+        actor="test",
+    )
     values.update(overrides)
     return RoundConfig(**values)

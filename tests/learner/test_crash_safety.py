@@ -33,30 +33,48 @@ REPO = Path(__file__).resolve().parents[2]
 
 def _env(redis_url: str, data_dir: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ARLOOP_")}
-    env.update(ARLOOP_REDIS_URL=redis_url, ARLOOP_DATA_DIR=str(data_dir),
-               ARLOOP_MODEL_CACHE=os.environ["ARLOOP_MODEL_CACHE"], ARLOOP_BASE_MODEL="tiny",
-               ARLOOP_MIN_EPISODES="1", ARLOOP_LEARNING_RATE="0.05", ARLOOP_READ_BLOCK_MS="50",
-               PYTHONUNBUFFERED="1", **extra)  # fmt: skip
+    env.update(
+        ARLOOP_REDIS_URL=redis_url,
+        ARLOOP_DATA_DIR=str(data_dir),
+        ARLOOP_MODEL_CACHE=os.environ["ARLOOP_MODEL_CACHE"],
+        ARLOOP_BASE_MODEL="tiny",
+        ARLOOP_MIN_EPISODES="1",
+        ARLOOP_LEARNING_RATE="0.05",
+        ARLOOP_READ_BLOCK_MS="50",
+        PYTHONUNBUFFERED="1",
+        **extra,
+    )
     return env
 
 
 def _learn_once(redis_url: str, data_dir: Path, crash_at: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "deploy.learn.runner", "--once"], cwd=REPO, timeout=240,
-        env=_env(redis_url, data_dir, ARLOOP_CRASH_AT=crash_at), capture_output=True, text=True,
-    )  # fmt: skip
+        [sys.executable, "-m", "deploy.learn.runner", "--once"],
+        cwd=REPO,
+        timeout=240,
+        env=_env(redis_url, data_dir, ARLOOP_CRASH_AT=crash_at),
+        capture_output=True,
+        text=True,
+    )
 
 
 def _settings(redis_url: str, data_dir: Path) -> LearnerSettings:
-    return LearnerSettings(redis_url=redis_url, data_dir=data_dir, base_model="tiny",
-                           min_episodes=1, learning_rate=0.05, read_block_ms=50)  # fmt: skip
+    return LearnerSettings(
+        redis_url=redis_url,
+        data_dir=data_dir,
+        base_model="tiny",
+        min_episodes=1,
+        learning_rate=0.05,
+        read_block_ms=50,
+    )
 
 
 def _seed(redis_client, n: int = 4) -> list[str]:
     ids = []
     for i in range(n):
-        t = trajectory(answer="The answer is 42." if i % 2 else "sorry no", logprobs=True,
-                       user=f"u{i}")  # fmt: skip
+        t = trajectory(
+            answer="The answer is 42." if i % 2 else "sorry no", logprobs=True, user=f"u{i}"
+        )
         f = feedback(t.event_id, "thumbs", 1 if i % 2 else -1, user=f"u{i}")
         for e in (t, f):
             xadd(redis_client, e)
@@ -65,8 +83,10 @@ def _seed(redis_client, n: int = 4) -> list[str]:
 
 
 def _pending(redis_client) -> int:
-    return sum(redis_client.xpending(s, LEARNER_GROUP)["pending"]
-               for s in (STREAM_TRAJECTORIES, STREAM_FEEDBACK))  # fmt: skip
+    return sum(
+        redis_client.xpending(s, LEARNER_GROUP)["pending"]
+        for s in (STREAM_TRAJECTORIES, STREAM_FEEDBACK)
+    )
 
 
 def _stored(data_dir: Path, ids: list[str]) -> set[str]:
@@ -129,9 +149,13 @@ def test_kill_9_then_restart_trains_every_event_exactly_once(
 
 def test_sigterm_stops_the_learner_cleanly(redis_url, redis_client, tmp_path):
     proc = subprocess.Popen(
-        [sys.executable, "-m", "deploy.learn.runner"], cwd=REPO, text=True,
-        env=_env(redis_url, tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-    )  # fmt: skip
+        [sys.executable, "-m", "deploy.learn.runner"],
+        cwd=REPO,
+        text=True,
+        env=_env(redis_url, tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     try:
         assert "learning from" in proc.stdout.readline()
         time.sleep(0.5)

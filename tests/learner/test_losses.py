@@ -89,10 +89,15 @@ def test_clipped_pg_loss_kl_and_entropy_terms():
     # entropy 2.0 with coefficient 0.01 is subtracted: 0.0193147 - 0.02 = -0.0006853
     logp = torch.tensor([[math.log(0.5)]])
     out = clipped_pg_loss(
-        logp, logp.clone(), torch.zeros(1), torch.ones(1, 1),
-        ref_logp=torch.tensor([[math.log(0.25)]]), kl_coef=0.1,
-        entropy=torch.tensor([[2.0]]), entropy_coef=0.01,
-    )  # fmt: skip
+        logp,
+        logp.clone(),
+        torch.zeros(1),
+        torch.ones(1, 1),
+        ref_logp=torch.tensor([[math.log(0.25)]]),
+        kl_coef=0.1,
+        entropy=torch.tensor([[2.0]]),
+        entropy_coef=0.01,
+    )
     assert out.kl.item() == pytest.approx(0.193147, abs=1e-6)
     assert out.loss.item() == pytest.approx(0.1 * 0.193147 - 0.01 * 2.0, abs=1e-6)
     assert out.entropy.item() == 2.0 and out.pg_loss.item() == 0.0

@@ -4,6 +4,7 @@ from pathlib import Path
 import pytest
 
 from learner.policy.models import checkpoint_path
+from learner.policy.registry import CHAMPION, PolicyVersion
 from learner.publish import (
     CheckpointWriteError,
     checkpoint_uri,
@@ -11,7 +12,6 @@ from learner.publish import (
     register,
     write_checkpoint,
 )
-from learner.policy.registry import CHAMPION, PolicyVersion
 from learner.rounds import run_round
 from learner.store import CommittedVersion
 from learner.trajectory_source import TrajectorySource
@@ -31,8 +31,7 @@ def _save_files(folder: Path) -> None:
 
 
 def _committed(store, tmp_path, version="v1", parent="v0") -> CommittedVersion:
-    path = write_checkpoint(tmp_path / "checkpoints", version, _save_files,
-                            {"version": version})  # fmt: skip
+    path = write_checkpoint(tmp_path / "checkpoints", version, _save_files, {"version": version})
     manifest = {
         "version": version,
         "parent": parent,
@@ -109,8 +108,13 @@ def test_recover_registers_committed_versions_and_removes_uncommitted_ones(
 
 
 def test_a_moved_champion_is_reported_and_the_version_stays_published(store, registry, tmp_path):
-    other = PolicyVersion(version=registry.next_version(), parent="v0", base_model="tiny",
-                          checkpoint_uri="file:///elsewhere", checkpoint_kind="lora")  # fmt: skip
+    other = PolicyVersion(
+        version=registry.next_version(),
+        parent="v0",
+        base_model="tiny",
+        checkpoint_uri="file:///elsewhere",
+        checkpoint_kind="lora",
+    )
     registry.publish(other)
     registry.move_alias(CHAMPION, other.version, expect="v0", reason="operator", actor="ops")
     registry.next_version()

@@ -15,12 +15,18 @@ from tests.learner.learner_events import feedback
 @pytest.mark.parametrize(
     ("kind", "value", "score"),
     [
-        ("thumbs", 1, 1.0), ("thumbs", -1, -1.0),
-        ("rating", 1, -1.0), ("rating", 3, 0.0), ("rating", 4, 0.5), ("rating", 5, 1.0),
-        ("outcome", 0, -1.0), ("outcome", 0.75, 0.5), ("verifier", 1, 1.0),
+        ("thumbs", 1, 1.0),
+        ("thumbs", -1, -1.0),
+        ("rating", 1, -1.0),
+        ("rating", 3, 0.0),
+        ("rating", 4, 0.5),
+        ("rating", 5, 1.0),
+        ("outcome", 0, -1.0),
+        ("outcome", 0.75, 0.5),
+        ("verifier", 1, 1.0),
         ("correction", None, None),
     ],
-)  # fmt: skip
+)
 def test_feedback_score_maps_each_kind_to_minus_one_one(kind, value, score):
     assert feedback_score(FeedbackKind(kind), value) == score
 
@@ -55,8 +61,9 @@ def test_a_poisoner_is_capped_but_a_verifier_is_not():
     spam = [[feedback(f"t{i}", "thumbs", -1, user="mal")] for i in range(8)]
     honest = [[feedback("h1", "thumbs", 1, user="u1")], [feedback("h2", "thumbs", 1, user="u2")]]
     checker = [[feedback("v", "verifier", 0, user="ci", source="verifier")] for _ in range(20)]
-    out = batch_rewards(spam + honest + checker, [[0]] * 30, max_user_share=0.5,
-                        silence_reward=None)  # fmt: skip
+    out = batch_rewards(
+        spam + honest + checker, [[0]] * 30, max_user_share=0.5, silence_reward=None
+    )
     assert [r.reward for r in out[:8]] == [-0.25] * 8  # mal's mass 8 -> 2 = half of 4
     assert [r.reward for r in out[8:10]] == [1.0, 1.0]
     assert {r.reward for r in out[10:]} == {-1.0}

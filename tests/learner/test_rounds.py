@@ -86,8 +86,9 @@ def test_the_next_round_continues_the_champions_adapter(redis_client, store, reg
     frozen.train.lr = 0.0  # a round that cannot move the weights: v2 must equal its start
     result = run_round(store, registry, frozen)
     assert (result.version, result.parent) == ("v2", "v1")
-    v1, v2 = (load_file(tmp_path / "checkpoints" / v / "adapter_model.safetensors")
-              for v in ("v1", "v2"))  # fmt: skip
+    v1, v2 = (
+        load_file(tmp_path / "checkpoints" / v / "adapter_model.safetensors") for v in ("v1", "v2")
+    )
     assert v1.keys() == v2.keys()
     assert all(torch.equal(v1[k], v2[k]) for k in v1)
     assert any(v1[k].abs().sum() > 0 for k in v1 if "lora_B" in k)  # v1 is not a fresh adapter
@@ -98,8 +99,12 @@ def test_corrections_train_by_dpo_and_steps_without_ids_are_let_go(
 ):
     fixed = trajectory(PROMPT, "The answer is 41.", logprobs=True)
     blind = trajectory(PROMPT, GOOD, with_ids=False)
-    events = [fixed, feedback(fixed.event_id, "correction", None, text=GOOD),
-              blind, feedback(blind.event_id, "thumbs", 1)]  # fmt: skip
+    events = [
+        fixed,
+        feedback(fixed.event_id, "correction", None, text=GOOD),
+        blind,
+        feedback(blind.event_id, "thumbs", 1),
+    ]
     _ingest(redis_client, store, events)
     result = run_round(store, registry, tiny_round_config(tmp_path))
     assert (result.samples, result.pairs, result.skipped_steps) == (0, 1, 1)
@@ -138,18 +143,27 @@ def test_full_finetuning_publishes_full_weights_and_continues_from_them(
 def test_turns_after_a_tool_output_train_only_when_asked(
     redis_client, store, registry, tmp_path, after_tool, trained
 ):
-    runs = [trajectory(PROMPT, GOOD if i % 2 else BAD, user=f"u{i}", tool_turn=True)
-            for i in range(2)]  # fmt: skip
-    events = [e for i, t in enumerate(runs)
-              for e in (t, feedback(t.event_id, "thumbs", 1 if i % 2 else -1, user=f"u{i}"))]
+    runs = [
+        trajectory(PROMPT, GOOD if i % 2 else BAD, user=f"u{i}", tool_turn=True) for i in range(2)
+    ]
+    events = [
+        e
+        for i, t in enumerate(runs)
+        for e in (t, feedback(t.event_id, "thumbs", 1 if i % 2 else -1, user=f"u{i}"))
+    ]
     _ingest(redis_client, store, events)
     result = run_round(store, registry, tiny_round_config(tmp_path, train_after_tool=after_tool))
     assert result.samples == 2 * trained  # the call turn always; the answer turn only when asked
 
 
-def test_feedback_naming_a_turn_after_a_tool_still_trains_it(redis_client, store, registry, tmp_path):
+def test_feedback_naming_a_turn_after_a_tool_still_trains_it(
+    redis_client, store, registry, tmp_path
+):
     t = trajectory(PROMPT, BAD, tool_turn=True)
-    _ingest(redis_client, store, [t, feedback(t.event_id, "thumbs", -1, turn=2),
-                                  feedback(t.event_id, "thumbs", 1)])  # fmt: skip
+    _ingest(
+        redis_client,
+        store,
+        [t, feedback(t.event_id, "thumbs", -1, turn=2), feedback(t.event_id, "thumbs", 1)],
+    )
     result = run_round(store, registry, tiny_round_config(tmp_path, train_after_tool=False))
     assert result.samples == 2

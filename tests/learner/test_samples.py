@@ -19,15 +19,21 @@ from tests.learner.learner_events import (
 
 
 def _build(episodes, **kw):
-    rewards = batch_rewards([e.feedback for e in episodes],
-                            [[s.index for s in e.trajectory.model_steps] for e in episodes],
-                            1.0, None)  # fmt: skip
+    rewards = batch_rewards(
+        [e.feedback for e in episodes],
+        [[s.index for s in e.trajectory.model_steps] for e in episodes],
+        1.0,
+        None,
+    )
     kw.setdefault("normalise_rewards", False)
     tok = tokenizer()
     return build_training_data(
-        episodes, rewards, encode=lambda t: tok(t, add_special_tokens=False)["input_ids"],
-        eos_id=tok.eos_token_id, **kw,
-    )  # fmt: skip
+        episodes,
+        rewards,
+        encode=lambda t: tok(t, add_special_tokens=False)["input_ids"],
+        eos_id=tok.eos_token_id,
+        **kw,
+    )
 
 
 def _ep(t, *fb):
@@ -41,8 +47,12 @@ def test_version_numbers():
 def test_one_sample_per_rewarded_model_step_with_logged_ids():
     tool = trajectory(tool_turn=True, logprobs=True)
     blind = trajectory(with_ids=False)
-    data = _build([_ep(tool, feedback(tool.event_id, "thumbs", 1)),
-                   _ep(blind, feedback(blind.event_id, "thumbs", -1))])  # fmt: skip
+    data = _build(
+        [
+            _ep(tool, feedback(tool.event_id, "thumbs", 1)),
+            _ep(blind, feedback(blind.event_id, "thumbs", -1)),
+        ]
+    )
     assert data.skipped_steps == 1 and data.used == [0]  # never re-tokenised
     first, answer = data.samples
     assert first.prompt_ids == prompt_ids("What is 12 plus 30?")
@@ -74,8 +84,15 @@ def test_a_correction_of_an_answer_read_off_a_tool_is_not_a_pair():
     # the calculator said 42 and the model said so: a pair "42 loses to 41" would teach it to
     # contradict its tool; the run still learns from its thumbs-down
     t = trajectory(tool_turn=True, answer="The answer is 42.")
-    data = _build([_ep(t, feedback(t.event_id, "correction", None, text="The answer is 41."),
-                       feedback(t.event_id, "thumbs", -1))])  # fmt: skip
+    data = _build(
+        [
+            _ep(
+                t,
+                feedback(t.event_id, "correction", None, text="The answer is 41."),
+                feedback(t.event_id, "thumbs", -1),
+            )
+        ]
+    )
     assert data.pairs == [] and data.skipped_corrections == 1
     assert len(data.samples) == 2 and data.used == [0]
     first = _ep(t, feedback(t.event_id, "correction", None, text="CALL calculator: 12-30", turn=0))
@@ -85,15 +102,21 @@ def test_a_correction_of_an_answer_read_off_a_tool_is_not_a_pair():
 
 def test_grpo_inside_a_group_rloo_outside():
     # samples 0, 1: one group of two episodes; 2, 3, 4: single prompts
-    adv, _ = sample_advantages([1.0, -1.0, 1.0, 0.0, -1.0], ["g", "g", "a", "b", "c"],
-                               [0, 1, 2, 3, 4], "rloo", RunningBaseline())  # fmt: skip
+    adv, _ = sample_advantages(
+        [1.0, -1.0, 1.0, 0.0, -1.0],
+        ["g", "g", "a", "b", "c"],
+        [0, 1, 2, 3, 4],
+        "rloo",
+        RunningBaseline(),
+    )
     s = 2**0.5 + 1e-4  # unbiased std of (1, -1), plus GRPO's eps
     assert adv == pytest.approx([1 / s, -1 / s, 1.5, 0.0, -1.5])  # RLOO: r - mean(others)
 
 
 def test_two_turns_of_one_episode_are_not_a_group():
-    adv, _ = sample_advantages([1.0, 0.0, 0.0], ["g", "g", "h"], [0, 0, 1], "rloo",
-                               RunningBaseline())  # fmt: skip
+    adv, _ = sample_advantages(
+        [1.0, 0.0, 0.0], ["g", "g", "h"], [0, 0, 1], "rloo", RunningBaseline()
+    )
     assert adv == pytest.approx([1.0, -0.5, -0.5])  # all three are "singles": RLOO
 
 

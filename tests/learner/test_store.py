@@ -49,8 +49,11 @@ def test_commit_version_writes_ledger_and_settles_in_one_transaction(store):
         _version("v1"), [a.event_id, fa.event_id], {"untrainable": [b.event_id]}, {"k": {"x": 1}}
     )
     assert store.ledger() == {a.event_id: "v1", fa.event_id: "v1"}
-    assert store.counts() == {"trajectories/trained": 1, "trajectories/untrainable": 1,
-                              "feedback/trained": 1}  # fmt: skip
+    assert store.counts() == {
+        "trajectories/trained": 1,
+        "trajectories/untrainable": 1,
+        "feedback/trained": 1,
+    }
     assert store.get_meta("k") == {"x": 1}
     assert [c.version for c in store.committed_versions()] == ["v1"]
 

@@ -151,7 +151,8 @@ def test_micro_batching_gives_the_same_update(tiny):
     _, tok = tiny
     texts = ["hello there", "The answer is 42.", "sorry", "Triage: see a doctor."]
     samples = [
-        Sample(_ids(tok, "hi"), _ids(tok, t), advantage=a) for t, a in zip(texts, [1, -1, 0.5, 2])
+        Sample(_ids(tok, "hi"), _ids(tok, t), advantage=a)
+        for t, a in zip(texts, [1, -1, 0.5, 2], strict=True)
     ]
     start, updates, losses = None, [], []
     for size in (1, 4):

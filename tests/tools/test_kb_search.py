@@ -46,8 +46,10 @@ def test_chunks_carry_title_source_and_section(kb_dir):
     kb = KbSearch(kb_dir)
     stiff = next(p for p in kb.passages if "stiff neck" in p.text)
     assert (stiff.title, stiff.source, stiff.section) == (
-        "Fever in adults", "https://example.org/fever", "When to seek care",
-    )  # fmt: skip
+        "Fever in adults",
+        "https://example.org/fever",
+        "When to seek care",
+    )
     assert "\n" not in stiff.text and "lasts more than three days" in stiff.text
     sprain = next(p for p in kb.passages if "ankle" in p.text)
     assert (sprain.title, sprain.source) == ("ankle sprain", "ankle_sprain.txt")

@@ -102,10 +102,22 @@ def test_triage_problems_name_each_broken_rule():
 def test_triage_check_is_a_sandboxed_tool_with_pass_or_fail(tmp_path):
     (tmp_path / "kb.md").write_text("# Pain\nsource: test\n\nTake 1 tablet as the leaflet says.\n")
     registry = ToolRegistry([TriageCheck(tmp_path)])
-    good = asyncio.run(registry.call("triage_check", {
-        "question": "I have a mild headache.",
-        "answer": f"Rest and take 1 tablet.\nTriage: self-care\n{DISCLAIMER}"}, "c1"))  # fmt: skip
+    good = asyncio.run(
+        registry.call(
+            "triage_check",
+            {
+                "question": "I have a mild headache.",
+                "answer": f"Rest and take 1 tablet.\nTriage: self-care\n{DISCLAIMER}",
+            },
+            "c1",
+        )
+    )
     assert good.output == "PASS" and good.error is None
-    bad = asyncio.run(registry.call("triage_check", {
-        "question": "my father collapsed and is unconscious", "answer": "Triage: urgent"}, "c2"))  # fmt: skip
+    bad = asyncio.run(
+        registry.call(
+            "triage_check",
+            {"question": "my father collapsed and is unconscious", "answer": "Triage: urgent"},
+            "c2",
+        )
+    )
     assert bad.output.startswith("FAIL: ") and "collapse" in bad.output

@@ -30,7 +30,9 @@ def census_names() -> tuple[set[str], set[str]]:
         lines = (folder / name).read_text().splitlines()[:limit]
         return {line.split()[0].title() for line in lines if line.strip()}
 
-    return read("dist.male.first") | read("dist.female.first"), read("dist.all.last", CENSUS_SURNAMES)
+    return read("dist.male.first") | read("dist.female.first"), read(
+        "dist.all.last", CENSUS_SURNAMES
+    )
 
 
 def faker_names() -> tuple[set[str], set[str]]:
@@ -38,9 +40,13 @@ def faker_names() -> tuple[set[str], set[str]]:
     people = importlib.import_module("faker.providers.person")
     first, last = set(), set()
     for info in pkgutil.iter_modules(people.__path__):
-        provider = getattr(importlib.import_module(f"{people.__name__}.{info.name}"), "Provider", None)
+        provider = getattr(
+            importlib.import_module(f"{people.__name__}.{info.name}"), "Provider", None
+        )
         for attr in dir(provider) if provider else ():
-            if not attr.startswith(("first_name", "last_name", "first_romanized", "last_romanized")):
+            if not attr.startswith(
+                ("first_name", "last_name", "first_romanized", "last_romanized")
+            ):
                 continue
             values = getattr(provider, attr)
             if isinstance(values, dict):

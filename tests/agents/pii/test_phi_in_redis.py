@@ -21,7 +21,6 @@ from agents.checkpoints import make_checkpointer
 from agents.events import MEMORY_PREFIX, STREAM_FEEDBACK, STREAM_TRAJECTORIES, decode
 from agents.packs import load_packs
 from agents.pii import PhiScrubber
-from tests.fakes.api import start_api  # noqa: F401 - the fixture
 from tests.fakes.scripted_llm import Reply
 
 CORPUS = [json.loads(line) for line in (Path(__file__).parent / "phi_corpus.jsonl").open()]
@@ -34,8 +33,10 @@ def echo(request) -> Reply:
     said = next(m["content"] for m in reversed(messages) if m["role"] == "user")
     if messages[-1]["role"] == "user":
         return Reply(tool_calls=[("kb_search", json.dumps({"query": said}))])
-    return Reply(content=f"You said: {said} This is general information, not medical advice."
-                         "\nTriage: see a doctor")  # fmt: skip
+    return Reply(
+        content=f"You said: {said} This is general information, not medical advice."
+        "\nTriage: see a doctor"
+    )
 
 
 NUMBERS = {
@@ -96,9 +97,13 @@ def test_no_raw_identifier_reaches_redis(start_api, llm, redis_client):
         reply = api.run(text, user=f"patient-{i}", agent="triage", thread_id=f"th-phi-{i}")
         assert reply.status_code == 200, reply.text
         body = reply.json()
-        fb = api.feedback(trajectory_id=body["trajectory_id"], user_id=f"patient-{i}",
-                          feedback_token=body["feedback_token"], kind="correction",
-                          text=text)  # fmt: skip
+        fb = api.feedback(
+            trajectory_id=body["trajectory_id"],
+            user_id=f"patient-{i}",
+            feedback_token=body["feedback_token"],
+            kind="correction",
+            text=text,
+        )
         assert fb.status_code == 202, fb.text
 
     with ThreadPoolExecutor(4) as pool:
@@ -110,8 +115,11 @@ def test_no_raw_identifier_reaches_redis(start_api, llm, redis_client):
     holds = asyncio.run(what_redis_holds(api.settings.redis_url, len(PATIENTS)))
     for record, held in zip(PATIENTS, holds, strict=True):
         assert "[" in held and "kb_search" in held  # the run landed, scrubbed
-        leaked += [(v, record["text"]) for v in (x["value"] for x in record["identifiers"])
-                   if re.search(rf"(?<!\w){re.escape(v)}(?!\w)", held)]  # fmt: skip
+        leaked += [
+            (v, record["text"])
+            for v in (x["value"] for x in record["identifiers"])
+            if re.search(rf"(?<!\w){re.escape(v)}(?!\w)", held)
+        ]
     values = sum(len(r["identifiers"]) for r in PATIENTS)
     print(f"\n{values} identifiers in {len(PATIENTS)} messages; leaked into Redis: {leaked}")
     assert leaked == []

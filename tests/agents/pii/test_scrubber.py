@@ -44,9 +44,34 @@ HIPAA = {
     "17 face photo": {"PHOTO"},
     "18 other unique id": {"ID"},
 }
-_GENERIC = {"Street", "St", "Road", "Rd", "Avenue", "Ave", "Lane", "Drive", "County", "Apt",
-            "Apartment", "Suite", "Unit", "Flat", "Box", "Close", "Terrace", "Rural", "Route",
-            "Lot", "Park", "West", "High", "Lower", "corner", "and"}  # fmt: skip
+_GENERIC = {
+    "Street",
+    "St",
+    "Road",
+    "Rd",
+    "Avenue",
+    "Ave",
+    "Lane",
+    "Drive",
+    "County",
+    "Apt",
+    "Apartment",
+    "Suite",
+    "Unit",
+    "Flat",
+    "Box",
+    "Close",
+    "Terrace",
+    "Rural",
+    "Route",
+    "Lot",
+    "Park",
+    "West",
+    "High",
+    "Lower",
+    "corner",
+    "and",
+}
 
 
 @pytest.fixture(scope="module")
@@ -136,8 +161,10 @@ def test_medical_facts_survive_and_false_positives_are_rare(scrubber, scrubbed):
     flagged = [(r["text"], [(f.type, f.text) for f in scrubber.find(r["text"])]) for r in NEGATIVES]
     flagged = [f for f in flagged if f[1]]
     facts = sum(len(r["keep"]) for r in NEGATIVES)
-    print(f"\nfacts kept {facts - len(lost)}/{facts}; negatives with any finding "
-          f"{len(flagged)}/{len(NEGATIVES)} ({len(flagged) / len(NEGATIVES):.1%}): {flagged}")  # fmt: skip
+    print(
+        f"\nfacts kept {facts - len(lost)}/{facts}; negatives with any finding "
+        f"{len(flagged)}/{len(NEGATIVES)} ({len(flagged) / len(NEGATIVES):.1%}): {flagged}"
+    )
     assert not lost
     assert len(flagged) / len(NEGATIVES) <= 0.05
 
@@ -149,8 +176,10 @@ def test_speed_is_printed(scrubber):
     for text in texts:
         scrubber.scrub(text)
     elapsed_ms = (time.perf_counter() - start) * 1000
-    print(f"\n{size_kb:.1f} KB in {elapsed_ms:.0f} ms: {elapsed_ms / size_kb:.1f} ms per KB "
-          f"({elapsed_ms / len(texts):.2f} ms per message)")  # fmt: skip
+    print(
+        f"\n{size_kb:.1f} KB in {elapsed_ms:.0f} ms: {elapsed_ms / size_kb:.1f} ms per KB "
+        f"({elapsed_ms / len(texts):.2f} ms per message)"
+    )
     assert elapsed_ms > 0
 
 
@@ -195,12 +224,22 @@ def test_scrub_messages_returns_new_scrubbed_dicts(scrubber):
         {"role": "system", "content": "You are a triage assistant."},
         {"role": "user", "name": "Maria Lopez", "content": "My name is Maria Lopez, fever 38.5 C."},
         {"role": "user", "content": [{"type": "text", "text": "Call me at 305.555.0163"}]},
-        {"role": "assistant", "content": None, "tool_calls": [{
-            "id": "c1", "type": "function",
-            "function": {"name": "kb_search", "arguments": '{"query": "Maria Lopez fever", "k": 2}'},
-        }]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "c1",
+                    "type": "function",
+                    "function": {
+                        "name": "kb_search",
+                        "arguments": '{"query": "Maria Lopez fever", "k": 2}',
+                    },
+                }
+            ],
+        },
         {"role": "tool", "tool_call_id": "c1", "content": "Seek care if fever lasts 3 days."},
-    ]  # fmt: skip
+    ]
     before = json.dumps(messages)
     out = scrubber.scrub_messages(messages)
     assert json.dumps(messages) == before  # the input is untouched

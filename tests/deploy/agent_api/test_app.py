@@ -28,8 +28,9 @@ def test_agents_are_listed_to_key_holders_only(start_api):
     assert wrong.status_code == 401 and wrong.json()["detail"] == "unknown API key"
     listed = api.http.get("/v1/agents").json()["agents"]
     assert [(a["name"], a["kind"], a["tools"]) for a in listed] == [
-        ("tutor", "react", ["add"]), ("solver", "reflexion", ["add"]),
-    ]  # fmt: skip
+        ("tutor", "react", ["add"]),
+        ("solver", "reflexion", ["add"]),
+    ]
     assert api.http.get("/healthz").json() == {"status": "ok", "redis": "ok"}
     assert "/v1/feedback" in api.http.get("/openapi.json").json()["paths"]
 
@@ -38,9 +39,10 @@ def test_default_packs_serve_tutor_and_triage(start_api, llm):
     api = start_api(specs=None)
     listed = api.http.get("/v1/agents").json()["agents"]
     assert [(a["name"], a["kind"], a["tools"]) for a in listed] == [
-        ("tutor", "react", ["calculator"]), ("tutor_hints", "react", []),
+        ("tutor", "react", ["calculator"]),
+        ("tutor_hints", "react", []),
         ("triage", "reflexion", ["kb_search"]),
-    ]  # fmt: skip
+    ]
     llm.push(Reply(tool_calls=[("calculator", '{"expression": "12*12"}')]), Reply(content="144"))
     assert api.run("What is 12 times 12?").json()["output"] == "144"
     assert llm.requests[1]["messages"][-1]["content"] == "144"
@@ -80,15 +82,26 @@ def test_run_lands_in_redis_exactly_and_feedback_follows(start_api, llm, redis_c
         "v4",
     )
     token = body["feedback_token"]
-    up = api.feedback(trajectory_id=event.trajectory_id, feedback_token=token, kind="thumbs",
-                      value=1, user_id="u1")  # fmt: skip
+    up = api.feedback(
+        trajectory_id=event.trajectory_id,
+        feedback_token=token,
+        kind="thumbs",
+        value=1,
+        user_id="u1",
+    )
     assert up.status_code == 202, up.text
     assert up.json()["event_id"] == feedback_event_id(event.trajectory_id, "thumbs")
-    again = api.feedback(trajectory_id=event.trajectory_id, feedback_token=token, kind="thumbs",
-                         value=-1)  # fmt: skip
+    again = api.feedback(
+        trajectory_id=event.trajectory_id, feedback_token=token, kind="thumbs", value=-1
+    )
     assert again.status_code == 409 and up.json()["event_id"] in again.json()["detail"]
-    fix = api.feedback(trajectory_id=event.trajectory_id, feedback_token=token,
-                       kind="correction", text="Say 2 + 3 = 5.", turn=2)  # fmt: skip
+    fix = api.feedback(
+        trajectory_id=event.trajectory_id,
+        feedback_token=token,
+        kind="correction",
+        text="Say 2 + 3 = 5.",
+        turn=2,
+    )
     assert fix.status_code == 202
     thumbs, correction = stream(redis_client, STREAM_FEEDBACK)
     assert isinstance(thumbs, FeedbackEvent) and thumbs.value == 1 and thumbs.user_id == "u1"
@@ -145,8 +158,12 @@ def test_metrics_count_runs_and_feedback(start_api, llm):
     llm.push(Reply(content="hi"))
     api = start_api()
     body = api.run("hello").json()
-    api.feedback(trajectory_id=body["trajectory_id"], feedback_token=body["feedback_token"],
-                 kind="rating", value=9)  # fmt: skip
+    api.feedback(
+        trajectory_id=body["trajectory_id"],
+        feedback_token=body["feedback_token"],
+        kind="rating",
+        value=9,
+    )
     text = api.http.get("/metrics").text
     assert 'arloop_runs_total{agent="tutor",status="ok"} 1.0' in text
     assert 'arloop_model_calls_total{agent="tutor",policy_version="fake-v0"} 1.0' in text
@@ -155,12 +172,21 @@ def test_metrics_count_runs_and_feedback(start_api, llm):
 
 def test_serve_reads_the_environment_and_answers(redis_url, llm, tmp_path):
     port = free_port()
-    env = {**os.environ, "ARLOOP_REDIS_URL": redis_url, "ARLOOP_PORT": str(port),
-           "ARLOOP_POLICY_API_BASE": llm.base_url, "ARLOOP_API_KEYS": '["env-key"]',
-           "ARLOOP_PACKS": '["tutoring"]', "ARLOOP_SCRUB_PHI": "false",
-           "ARLOOP_LOG_LEVEL": "WARNING"}  # fmt: skip
-    proc = subprocess.Popen([sys.executable, "-c", "from deploy.agent_api.app import serve; serve()"],
-                            env=env, cwd=tmp_path)  # fmt: skip
+    env = {
+        **os.environ,
+        "ARLOOP_REDIS_URL": redis_url,
+        "ARLOOP_PORT": str(port),
+        "ARLOOP_POLICY_API_BASE": llm.base_url,
+        "ARLOOP_API_KEYS": '["env-key"]',
+        "ARLOOP_PACKS": '["tutoring"]',
+        "ARLOOP_SCRUB_PHI": "false",
+        "ARLOOP_LOG_LEVEL": "WARNING",
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "from deploy.agent_api.app import serve; serve()"],
+        env=env,
+        cwd=tmp_path,
+    )
     try:
         url = f"http://127.0.0.1:{port}"
         for _ in range(600):
@@ -170,8 +196,12 @@ def test_serve_reads_the_environment_and_answers(redis_url, llm, tmp_path):
             except httpx.HTTPError:
                 time.sleep(0.1)
         llm.push(Reply(content="Four."))
-        reply = httpx.post(f"{url}/v1/agents/tutor/runs", json={"input": "2+2?", "user_id": "u"},
-                           headers={"Authorization": "Bearer env-key"}, timeout=30)  # fmt: skip
+        reply = httpx.post(
+            f"{url}/v1/agents/tutor/runs",
+            json={"input": "2+2?", "user_id": "u"},
+            headers={"Authorization": "Bearer env-key"},
+            timeout=30,
+        )
         assert reply.status_code == 200 and reply.json()["output"] == "Four."
     finally:
         proc.terminate()

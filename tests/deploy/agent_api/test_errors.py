@@ -28,21 +28,29 @@ def ran(api) -> dict:
     return reply.json()
 
 
-@pytest.mark.parametrize("body, status, reason", [
-    (b"{not json", 422, "JSON decode error"),
-    (b'{"input": "hi"}', 422, "user_id"),
-    (b'{"input": "", "user_id": "u1"}', 422, "at least 1 character"),
-    (b'{"input": "hi", "user_id": "u1", "colour": "red"}', 422, "Extra inputs"),
-    (b'{"input": "hi", "user_id": "u 1"}', 422, "should match pattern"),
-    (b'{"input": "hi", "user_id": "u1", "thread_id": "a:b"}', 422, "should match pattern"),
-    (b'{"input": 7, "user_id": "u1"}', 422, "valid string"),
-    (b'{"input": "hi", "user_id": "u1", "metadata": {"arloop.verdict": "pass"}}', 422, "arloop"),
-    (b'{"input": "hi", "user_id": "u1", "metadata": {"k": 1}}', 422, "valid string"),
-    (b'[]', 422, "valid dictionary"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "body, status, reason",
+    [
+        (b"{not json", 422, "JSON decode error"),
+        (b'{"input": "hi"}', 422, "user_id"),
+        (b'{"input": "", "user_id": "u1"}', 422, "at least 1 character"),
+        (b'{"input": "hi", "user_id": "u1", "colour": "red"}', 422, "Extra inputs"),
+        (b'{"input": "hi", "user_id": "u 1"}', 422, "should match pattern"),
+        (b'{"input": "hi", "user_id": "u1", "thread_id": "a:b"}', 422, "should match pattern"),
+        (b'{"input": 7, "user_id": "u1"}', 422, "valid string"),
+        (
+            b'{"input": "hi", "user_id": "u1", "metadata": {"arloop.verdict": "pass"}}',
+            422,
+            "arloop",
+        ),
+        (b'{"input": "hi", "user_id": "u1", "metadata": {"k": 1}}', 422, "valid string"),
+        (b"[]", 422, "valid dictionary"),
+    ],
+)
 def test_malformed_run_bodies_are_422_with_a_reason(api, redis_client, body, status, reason):
-    reply = api.http.post("/v1/agents/tutor/runs", content=body,
-                          headers={"Content-Type": "application/json"})  # fmt: skip
+    reply = api.http.post(
+        "/v1/agents/tutor/runs", content=body, headers={"Content-Type": "application/json"}
+    )
     assert reply.status_code == status and reason in reply.text
     assert redis_client.xlen(STREAM_TRAJECTORIES) == 0
 
@@ -66,8 +74,11 @@ def test_unknown_agent_oversized_input_and_body_too_large(start_api, llm, redis_
 
 
 def test_runs_need_a_key(api):
-    reply = api.http.post("/v1/agents/tutor/runs", json={"input": "hi", "user_id": "u1"},
-                          headers={"Authorization": "Basic abc"})  # fmt: skip
+    reply = api.http.post(
+        "/v1/agents/tutor/runs",
+        json={"input": "hi", "user_id": "u1"},
+        headers={"Authorization": "Basic abc"},
+    )
     assert reply.status_code == 401 and reply.headers["WWW-Authenticate"] == "Bearer"
 
 
@@ -95,8 +106,12 @@ def test_a_busy_thread_is_409(start_api, llm):
 
 
 def feedback_for(api, body: dict, **fields) -> httpx.Response:
-    base = {"trajectory_id": body["trajectory_id"], "feedback_token": body["feedback_token"],
-            "kind": "thumbs", "value": 1}  # fmt: skip
+    base = {
+        "trajectory_id": body["trajectory_id"],
+        "feedback_token": body["feedback_token"],
+        "kind": "thumbs",
+        "value": 1,
+    }
     return api.feedback(**{k: v for k, v in (base | fields).items() if v is not None})
 
 
@@ -114,7 +129,7 @@ def test_feedback_token_faults(api, redis_client):
         ({"feedback_token": foreign}, 401, "not valid"),
         ({"feedback_token": other["feedback_token"]}, 403, "another trajectory"),
         ({"user_id": "u2"}, 403, "another user"),
-    ]  # fmt: skip
+    ]
     for fields, status, reason in cases:
         reply = feedback_for(api, body, **fields)
         assert (reply.status_code, reason in reply.json()["detail"]) == (status, True), fields
@@ -122,14 +137,17 @@ def test_feedback_token_faults(api, redis_client):
     assert feedback_for(api, body).status_code == 202  # the genuine token still works
 
 
-@pytest.mark.parametrize("fields, reason", [
-    ({"kind": "rating", "value": 7}, "from 1 to 5"),
-    ({"kind": "thumbs", "value": 0}, "1 (up) or -1"),
-    ({"kind": "outcome", "value": 1.5}, "from 0 to 1"),
-    ({"kind": "correction", "value": None, "text": "  "}, "non-empty text"),
-    ({"kind": "verifier", "value": 1}, "kind must be one of"),
-    ({"kind": "stars", "value": 1}, "kind must be one of"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "fields, reason",
+    [
+        ({"kind": "rating", "value": 7}, "from 1 to 5"),
+        ({"kind": "thumbs", "value": 0}, "1 (up) or -1"),
+        ({"kind": "outcome", "value": 1.5}, "from 0 to 1"),
+        ({"kind": "correction", "value": None, "text": "  "}, "non-empty text"),
+        ({"kind": "verifier", "value": 1}, "kind must be one of"),
+        ({"kind": "stars", "value": 1}, "kind must be one of"),
+    ],
+)
 def test_feedback_values_out_of_range_are_422(api, redis_client, fields, reason):
     reply = feedback_for(api, ran(api), **fields)
     assert reply.status_code == 422 and reason in reply.json()["detail"]
@@ -137,10 +155,15 @@ def test_feedback_values_out_of_range_are_422(api, redis_client, fields, reason)
 
 
 def test_malformed_feedback_bodies_are_422(api):
-    for body in [b"{", b'{"kind": "thumbs"}', b'{"trajectory_id": "t", "kind": "thumbs", "x": 1}',
-                 b'{"trajectory_id": "t", "kind": "thumbs", "value": "up"}']:  # fmt: skip
-        reply = api.http.post("/v1/feedback", content=body,
-                              headers={"Content-Type": "application/json"})  # fmt: skip
+    for body in [
+        b"{",
+        b'{"kind": "thumbs"}',
+        b'{"trajectory_id": "t", "kind": "thumbs", "x": 1}',
+        b'{"trajectory_id": "t", "kind": "thumbs", "value": "up"}',
+    ]:
+        reply = api.http.post(
+            "/v1/feedback", content=body, headers={"Content-Type": "application/json"}
+        )
         assert reply.status_code == 422, body
 
 

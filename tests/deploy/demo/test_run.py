@@ -15,9 +15,9 @@ from rich.console import Console
 
 from agents.events import STREAM_EVAL_TRAJECTORIES, STREAM_FEEDBACK, STREAM_TRAJECTORIES, decode
 from agents.packs.tutoring import tutoring_pack
-from deploy.demo.run import DemoOptions, main, quick, run_demo
 from deploy.demo.report import headline
 from deploy.demo.rounds import round_tasks
+from deploy.demo.run import DemoOptions, main, quick, run_demo
 from deploy.embedded_redis import start_redis
 from learner.policy.registry import CHAMPION, PolicyRegistry
 
@@ -41,8 +41,13 @@ def events(client, stream):
 
 def test_the_report_is_written_with_its_plots(demo):
     report, folder, _, said = demo
-    assert {p.name for p in folder.iterdir()} >= {"report.json", "report.md", "kl.png",
-                                                   "length.png", "success_reward.png"}  # fmt: skip
+    assert {p.name for p in folder.iterdir()} >= {
+        "report.json",
+        "report.md",
+        "kl.png",
+        "length.png",
+        "success_reward.png",
+    }
     assert all((folder / n).stat().st_size > 1000 for n in ("kl.png", "success_reward.png"))
     saved = json.loads((folder / "report.json").read_text())
     assert [v["version"] for v in saved["versions"]] == ["v0", "v1"]

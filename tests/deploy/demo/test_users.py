@@ -18,7 +18,7 @@ from deploy.demo.users import (
     judge,
     run_traffic,
 )
-from tests.fakes.api import API_KEY, start_api  # noqa: F401 - the fixture
+from tests.fakes.api import API_KEY
 from tests.fakes.scripted_llm import Reply
 
 EVERYTHING = Behaviour(thumbs=1.0, rating=1.0, outcome=1.0, correction=1.0, noise=0.0, silence=0.0)
@@ -29,7 +29,9 @@ def tutoring():
     return get_pack("tutoring")
 
 
-def student_model(wrong: set[str] = frozenset(), no_tool: set[str] = frozenset(), pad: bool = False):
+def student_model(
+    wrong: set[str] = frozenset(), no_tool: set[str] = frozenset(), pad: bool = False
+):
     """A scripted tutor: the calculator on the problem's numbers (wrong op for `wrong`), then `####`."""
     problems = {t.input: t for t in get_pack("tutoring").tasks("train")[:40]}
 
@@ -54,7 +56,8 @@ def student_model(wrong: set[str] = frozenset(), no_tool: set[str] = frozenset()
 def _same(original: str, scrubbed: str) -> bool:
     """The API scrubs names before the model sees the question: compare around them."""
     return re.sub(r"^\w+|\b[A-Z]\w+ have\b", "", original) == re.sub(
-        r"^\[NAME\]|\[NAME\] have\b", "", scrubbed)  # fmt: skip
+        r"^\[NAME\]|\[NAME\] have\b", "", scrubbed
+    )
 
 
 def traffic(api, pack, tasks, behaviour, **kwargs):
@@ -80,13 +83,19 @@ def test_students_rate_right_answers_up_and_wrong_ones_down(start_api, llm, tuto
     assert [v.task.id for v in visits] == [t.id for t in tasks]
     got = {}
     for f in stream(redis_client, STREAM_FEEDBACK):
-        got.setdefault(f.trajectory_id, {})[f.kind.value] = f.value if f.value is not None else f.text
+        got.setdefault(f.trajectory_id, {})[f.kind.value] = (
+            f.value if f.value is not None else f.text
+        )
     for i, v in enumerate(visits):
         assert v.tools == ["calculator"] and v.policy_version
         if i in (1, 4):
             assert v.verdict.score == 0.0
-            assert got[v.trajectory_id] == {"thumbs": -1, "rating": 1, "outcome": 0.0,
-                                            "correction": correction_text(v.task)}  # fmt: skip
+            assert got[v.trajectory_id] == {
+                "thumbs": -1,
+                "rating": 1,
+                "outcome": 0.0,
+                "correction": correction_text(v.task),
+            }
         else:
             assert v.verdict.score == 1.0
             assert got[v.trajectory_id] == {"thumbs": 1, "rating": 5, "outcome": 1.0}
@@ -106,8 +115,9 @@ def test_a_missed_tool_and_padding_each_cost_a_star(start_api, llm, tutoring):
     assert ("rating", 4) in padded.feedback
 
 
-def test_silent_users_send_nothing_and_the_rest_send_at_least_a_thumb(start_api, llm, tutoring,
-                                                                      redis_client):  # fmt: skip
+def test_silent_users_send_nothing_and_the_rest_send_at_least_a_thumb(
+    start_api, llm, tutoring, redis_client
+):
     tasks = tutoring.tasks("train")[:6]
     llm.responder = student_model()
     api = start_api(specs=load_packs(["tutoring"]))
@@ -136,11 +146,17 @@ def _verdict(score=1.0, used_tool=True, flag=False, padded=False):
 def test_noise_flips_judgements():
     t = get_pack("tutoring").tasks("train")[0]
     always = Behaviour(rating=0.0, outcome=1.0, correction=0.0, noise=1.0, silence=0.0)
-    sent = dict((b["kind"], b["value"]) for b in feedback_for(_verdict(), t, always, random.Random(0)))
+    sent = dict(
+        (b["kind"], b["value"]) for b in feedback_for(_verdict(), t, always, random.Random(0))
+    )
     assert sent == {"thumbs": -1, "outcome": 0.0}
     rng, noisy = random.Random(1), Behaviour(rating=1.0, noise=0.5, silence=0.0)
-    stars = [b["value"] for _ in range(200) for b in feedback_for(_verdict(), t, noisy, rng)
-             if b["kind"] == "rating"]  # fmt: skip
+    stars = [
+        b["value"]
+        for _ in range(200)
+        for b in feedback_for(_verdict(), t, noisy, rng)
+        if b["kind"] == "rating"
+    ]
     assert set(stars) == {4, 5} and 0.15 < stars.count(4) / len(stars) < 0.35  # +1 stays at 5
 
 
@@ -171,12 +187,17 @@ def test_patients_use_the_triage_agent_over_http(start_api, llm, redis_client):
     def respond(request) -> Reply:
         if request["messages"][-1]["role"] == "user":
             return Reply(tool_calls=[("kb_search", '{"query": "chest pain"}')])
-        return Reply(content="Call emergency services now. This is general information, not "
-                             "medical advice.\nTriage: emergency")  # fmt: skip
+        return Reply(
+            content="Call emergency services now. This is general information, not "
+            "medical advice.\nTriage: emergency"
+        )
 
     llm.responder = respond
     api = start_api(specs=load_packs(["medical"]))
     visits = traffic(api, medical, tasks, EVERYTHING)
     assert all(v.verdict.satisfaction == 1.0 and v.tools == ["kb_search"] for v in visits)
-    assert {f.kind.value for f in stream(redis_client, STREAM_FEEDBACK)} == {"thumbs", "rating",
-                                                                            "outcome"}  # fmt: skip
+    assert {f.kind.value for f in stream(redis_client, STREAM_FEEDBACK)} == {
+        "thumbs",
+        "rating",
+        "outcome",
+    }

@@ -14,8 +14,9 @@ pytestmark = pytest.mark.usefixtures("model_cache")
 
 def _learner(redis_url, tmp_path, **kw) -> tuple[Learner, io.StringIO]:
     kw = {"min_episodes": 3, "round_interval_s": 3600.0, "read_block_ms": 10, **kw}
-    settings = LearnerSettings(redis_url=redis_url, data_dir=tmp_path, base_model="tiny",
-                               learning_rate=0.05, **kw)  # fmt: skip
+    settings = LearnerSettings(
+        redis_url=redis_url, data_dir=tmp_path, base_model="tiny", learning_rate=0.05, **kw
+    )
     out = io.StringIO()
     return Learner(settings, Console(file=out, width=200, record=True)), out
 
@@ -81,8 +82,14 @@ def test_bad_settings_exit_2_with_the_setting_named(monkeypatch, capsys, tmp_pat
 
 
 def test_settings_become_the_rounds_plain_config(tmp_path):
-    s = LearnerSettings(data_dir=tmp_path, micro_batch_size=4, grad_accum_steps=3,
-                        learning_rate=1e-3, full_finetune=True, silence_reward=0.0)  # fmt: skip
+    s = LearnerSettings(
+        data_dir=tmp_path,
+        micro_batch_size=4,
+        grad_accum_steps=3,
+        learning_rate=1e-3,
+        full_finetune=True,
+        silence_reward=0.0,
+    )
     c = round_config(s)
     assert c.batch_size == 12 and c.checkpoints_dir == tmp_path / "checkpoints"
     assert (c.train.lr, c.train.full_finetune, c.train.micro_batch_size) == (1e-3, True, 4)

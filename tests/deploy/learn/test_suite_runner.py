@@ -12,8 +12,8 @@ from agents.runtime import AgentSpec
 from deploy.embedded_redis import free_port
 from deploy.learn.suite_runner import GateRunner, SuiteMissing, SuiteRunner, resolve_pack
 from learner.gate.eval_gate import ERROR, GateConfig
-from learner.policy.registry import CANDIDATE, CHAMPION, PolicyRegistry, VersionStatus
 from learner.gate.release import apply_verdict
+from learner.policy.registry import CANDIDATE, CHAMPION, PolicyRegistry, VersionStatus
 from tests.deploy.policy_server.support import make_lora, publish, running_server, tiny_settings
 from tests.fakes.scripted_llm import Reply, ScriptedLLM
 from tests.fakes.servers import ServerThread
@@ -27,8 +27,9 @@ PROMPTS = ["hi", "yes", "no thanks", "hello", "good", "bad"]
 def echo_pack(eval_tasks=PROMPTS, name="echo") -> Pack:
     spec = AgentSpec(name="echo", description="says something", system_prompt="Answer.")
     tasks = [Task(f"t{i}", "echo", text, "-") for i, text in enumerate(eval_tasks)]
-    return Pack(name, (spec,), lambda split: tasks if split == "eval" else [],
-                lambda task, answer: 1.0)  # fmt: skip
+    return Pack(
+        name, (spec,), lambda split: tasks if split == "eval" else [], lambda task, answer: 1.0
+    )
 
 
 def broken_pack() -> Pack:
@@ -53,8 +54,14 @@ def stack(redis_server, tmp_path_factory):
 
 
 def _policy(url: str) -> PolicyConfig:
-    return PolicyConfig(model="openai/arloop", api_base=url, api_key="none", retries=0,
-                        temperature=0.0, max_tokens=6)  # fmt: skip
+    return PolicyConfig(
+        model="openai/arloop",
+        api_base=url,
+        api_key="none",
+        retries=0,
+        temperature=0.0,
+        max_tokens=6,
+    )
 
 
 def test_eval_runs_pin_the_version_and_never_reach_the_training_stream(stack, redis_server):
@@ -75,8 +82,9 @@ def test_eval_runs_pin_the_version_and_never_reach_the_training_stream(stack, re
 
 def test_the_gate_measures_kl_and_entropy_with_the_learners_models(stack, redis_server):
     _, registry, url = stack
-    gate = GateRunner(registry, SuiteRunner(redis_server.url, [echo_pack()], _policy(url)),
-                      GateConfig())  # fmt: skip
+    gate = GateRunner(
+        registry, SuiteRunner(redis_server.url, [echo_pack()], _policy(url)), GateConfig()
+    )
     same = gate.evaluate("v0", "v0")
     guards = {g.name: g for g in same.guards}
     assert guards["kl_to_reference"].figure == pytest.approx(0.0, abs=1e-6)
@@ -92,8 +100,9 @@ def test_the_gate_measures_kl_and_entropy_with_the_learners_models(stack, redis_
 def test_a_policy_server_that_is_down_fails_the_gate_closed(stack, redis_server):
     _, registry, _ = stack
     dead = f"http://127.0.0.1:{free_port()}/v1"
-    gate = GateRunner(registry, SuiteRunner(redis_server.url, [echo_pack()], _policy(dead)),
-                      GateConfig())  # fmt: skip
+    gate = GateRunner(
+        registry, SuiteRunner(redis_server.url, [echo_pack()], _policy(dead)), GateConfig()
+    )
     report = gate.evaluate("v1")
     assert report.verdict == ERROR and report.failed == ["policy_server"]
     assert "fail closed" in report.reason and "policy server failed" in report.reason
@@ -127,8 +136,9 @@ def test_an_endpoint_that_errors_or_serves_another_version_fails_closed(stack, r
 )
 def test_a_missing_or_empty_suite_never_passes(stack, redis_server, packs, says):
     _, registry, url = stack
-    report = GateRunner(registry, SuiteRunner(redis_server.url, packs, _policy(url)),
-                        GateConfig()).evaluate("v1")  # fmt: skip
+    report = GateRunner(
+        registry, SuiteRunner(redis_server.url, packs, _policy(url)), GateConfig()
+    ).evaluate("v1")
     assert report.verdict == ERROR and report.failed == ["eval_suite"] and says in report.reason
 
 
@@ -148,10 +158,17 @@ def _learner(redis_url: str, tmp_path, policy_url: str):
     from deploy.settings import LearnerSettings
 
     settings = LearnerSettings(
-        redis_url=redis_url, data_dir=tmp_path, base_model="tiny", learning_rate=1e-3,
-        min_episodes=1, read_block_ms=10, eval_packs=["tests.deploy.learn.test_suite_runner:echo_pack"],
-        policy_api_base=policy_url, eval_max_tokens=6, _env_file=None,
-    )  # fmt: skip
+        redis_url=redis_url,
+        data_dir=tmp_path,
+        base_model="tiny",
+        learning_rate=1e-3,
+        min_episodes=1,
+        read_block_ms=10,
+        eval_packs=["tests.deploy.learn.test_suite_runner:echo_pack"],
+        policy_api_base=policy_url,
+        eval_max_tokens=6,
+        _env_file=None,
+    )
     out = io.StringIO()
     return Learner(settings, Console(file=out, width=250)), out
 
@@ -163,8 +180,9 @@ def _rated_runs(client, n=4):
         xadd(client, feedback(t.event_id, "thumbs", 1 if i % 2 else -1, user=f"u{i}"))
 
 
-def test_a_learner_round_with_the_server_down_publishes_ready_and_retries(stack, redis_server,
-                                                                         tmp_path):  # fmt: skip
+def test_a_learner_round_with_the_server_down_publishes_ready_and_retries(
+    stack, redis_server, tmp_path
+):
     client, registry, _ = stack
     client.delete(STREAM_TRAJECTORIES, "arloop:feedback")
     learner, out = _learner(redis_server.url, tmp_path, f"http://127.0.0.1:{free_port()}/v1")
@@ -179,8 +197,7 @@ def test_a_learner_round_with_the_server_down_publishes_ready_and_retries(stack,
     learner.store.close()
 
 
-def test_a_learner_round_is_gated_and_a_pass_goes_out_as_the_canary(stack, redis_server,
-                                                                    tmp_path):  # fmt: skip
+def test_a_learner_round_is_gated_and_a_pass_goes_out_as_the_canary(stack, redis_server, tmp_path):
     client, registry, url = stack
     client.delete(STREAM_TRAJECTORIES, "arloop:feedback")
     learner, out = _learner(redis_server.url, tmp_path, url)

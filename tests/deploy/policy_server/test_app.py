@@ -11,8 +11,8 @@ import redis
 import torch
 
 from deploy.policy_server.openai_wire import ChatRequest
-from learner.policy.chat_format import prompt_token_ids
 from learner.logprobs import completion_logprobs
+from learner.policy.chat_format import prompt_token_ids
 from learner.policy.models import load_base
 from learner.policy.registry import PolicyRegistry
 from tests.deploy.policy_server.support import (

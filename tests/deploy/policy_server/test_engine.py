@@ -6,7 +6,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from deploy.policy_server.engine import FinishEvent, GenerationEngine, Row, SamplingParams, TokenEvent
+from deploy.policy_server.engine import (
+    FinishEvent,
+    GenerationEngine,
+    Row,
+    SamplingParams,
+    TokenEvent,
+)
 from deploy.policy_server.rows import safe_len
 from learner.logprobs import completion_logprobs
 from learner.policy.models import load_base
@@ -184,11 +190,13 @@ def test_rows_join_a_running_batch_with_exact_logprobs(engine, policy):
         if isinstance(event, TokenEvent) and len(first.events) >= 3:
             started.set()
 
-    engine.submit([Row(policy, _prompt(tok, "hi"), SamplingParams(temperature=0.0, max_tokens=40),
-                       emit)])  # fmt: skip
+    engine.submit(
+        [Row(policy, _prompt(tok, "hi"), SamplingParams(temperature=0.0, max_tokens=40), emit)]
+    )
     assert started.wait(30)
-    out, _ = _run(engine, policy, [long_prompt], [SamplingParams(temperature=0.9, max_tokens=8,
-                                                                 seed=4)])  # fmt: skip
+    out, _ = _run(
+        engine, policy, [long_prompt], [SamplingParams(temperature=0.9, max_tokens=8, seed=4)]
+    )
     assert 2 in engine.batches  # the newcomer decoded beside the running row
     running = first.finishes()[0]
     for prompt, f in ((_prompt(tok, "hi"), running), (long_prompt, out[0])):

@@ -10,17 +10,26 @@ from deploy.policy_server.openai_wire import ChatRequest
 from learner.policy.chat_format import prompt_token_ids
 from learner.policy.models import load_base
 from learner.policy.registry import PolicyRegistry
-from tests.deploy.policy_server.support import make_full, publish, running_server, tiny_settings, train_to_say
+from tests.deploy.policy_server.support import (
+    make_full,
+    publish,
+    running_server,
+    tiny_settings,
+    train_to_say,
+)
 
 CALC = {
     "type": "function",
     "function": {
         "name": "calculator",
         "description": "Evaluate arithmetic.",
-        "parameters": {"type": "object", "properties": {"expression": {"type": "string"}},
-                       "required": ["expression"]},
+        "parameters": {
+            "type": "object",
+            "properties": {"expression": {"type": "string"}},
+            "required": ["expression"],
+        },
     },
-}  # fmt: skip
+}
 ASK = [{"role": "user", "content": "What is 12 plus 30?"}]
 SAYS = "CALL calculator: 12+30 = 40\nThe answer is 40."  # goes on to guess the result
 
@@ -43,8 +52,9 @@ def oai(redis_server, tmp_path_factory, tok):
     model, _ = load_base("tiny")
     pairs = [(_prompt(tok, ASK, [CALC]), SAYS), (_prompt(tok, ASK, None), SAYS)]
     model, _ = train_to_say(model, tok, pairs, steps=200)
-    folder = make_full(tmp_path_factory.mktemp("ckpt") / "line-model", seed=0, scale=0.0,
-                       model=model)  # fmt: skip
+    folder = make_full(
+        tmp_path_factory.mktemp("ckpt") / "line-model", seed=0, scale=0.0, model=model
+    )
     publish(PolicyRegistry(client), "full", folder, champion=False)
     with running_server(tiny_settings(redis_server.url, tool_format="line")) as base:
         yield openai.OpenAI(base_url=base, api_key="none", max_retries=0)
@@ -84,8 +94,11 @@ def test_streamed_call_never_leaks_as_content(oai):
 
 
 def test_the_tool_result_turn_is_rendered_as_the_learner_would(oai, tok):
-    call = {"id": "c1", "type": "function",
-            "function": {"name": "calculator", "arguments": '{"expression": "12+30"}'}}  # fmt: skip
+    call = {
+        "id": "c1",
+        "type": "function",
+        "function": {"name": "calculator", "arguments": '{"expression": "12+30"}'},
+    }
     history = ASK + [
         {"role": "assistant", "content": None, "tool_calls": [call]},
         {"role": "tool", "tool_call_id": "c1", "content": "42"},

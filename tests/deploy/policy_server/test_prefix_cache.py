@@ -11,8 +11,10 @@ from learner.logprobs import completion_logprobs
 from learner.policy.models import load_base
 from tests.deploy.policy_server.test_engine import _prompt, _run
 
-HEAD = ("You are a maths tutor. Solve the problem, use the calculator, and end with a line "
-        "'#### <number>'. Example: a farmer has 12 apples and buys 30 more. ")  # fmt: skip
+HEAD = (
+    "You are a maths tutor. Solve the problem, use the calculator, and end with a line "
+    "'#### <number>'. Example: a farmer has 12 apples and buys 30 more. "
+)
 ASKS = ["How many now?", "What is 62 minus 18?", "Share 324 among 9.", "Seven boxes of 23?"]
 
 
@@ -54,8 +56,9 @@ def test_reused_heads_give_the_same_tokens_and_exact_logprobs(policy):
     for i in range(len(ASKS)):
         assert cached[i].token_ids == plain[i].token_ids
         assert cached2[i].token_ids == plain2[i].token_ids
-        recomputed = completion_logprobs(policy.model, prompts[i], cached[i].token_ids,
-                                         policy.tokenizer.pad_token_id)  # fmt: skip
+        recomputed = completion_logprobs(
+            policy.model, prompts[i], cached[i].token_ids, policy.tokenizer.pad_token_id
+        )
         assert torch.allclose(torch.tensor(cached[i].logprobs), recomputed, atol=1e-4)
 
 

@@ -10,7 +10,13 @@ import torch
 from learner.logprobs import completion_logprobs
 from learner.policy.models import load_version
 from learner.policy.registry import CANDIDATE, CHAMPION, PolicyRegistry, VersionStatus
-from tests.deploy.policy_server.support import make_full, make_lora, publish, running_server, tiny_settings
+from tests.deploy.policy_server.support import (
+    make_full,
+    make_lora,
+    publish,
+    running_server,
+    tiny_settings,
+)
 
 HI = [{"role": "user", "content": "hi"}]
 

@@ -35,11 +35,11 @@ from agents.threads import Threads
 from agents.trajectory_sink import TrajectorySink
 from deploy.learn.suite_runner import GateRunner, SuiteRunner
 from learner.gate.eval_gate import GateConfig, GateReport
+from learner.gate.evidence import answer_tokens
 from learner.policy.registry import PolicyRegistry
 from learner.rounds import RoundConfig, run_round
 from learner.store import Store
 from learner.train_step import TrainConfig
-from learner.gate.evidence import answer_tokens
 from learner.trajectory_source import TrajectorySource
 from tests.deploy.policy_server.support import running_server, tiny_settings
 from tests.learner.gate.integrity_world import (
@@ -77,8 +77,14 @@ def bank_world(redis_url: str, folder: Path, runs_per_task: int = 4) -> Iterator
     registry.ensure_base(base)
     settings = tiny_settings(redis_url, base_model=base, max_tokens_cap=48, max_batch_size=8)
     with running_server(settings) as url:
-        policy = PolicyConfig(model="openai/arloop", api_base=url, api_key="none", retries=0,
-                              temperature=1.0, max_tokens=48)  # fmt: skip
+        policy = PolicyConfig(
+            model="openai/arloop",
+            api_base=url,
+            api_key="none",
+            retries=0,
+            temperature=1.0,
+            max_tokens=48,
+        )
         traffic = asyncio.run(_log_traffic(redis_url, policy, runs_per_task))
         suites = SuiteRunner(redis_url, [bank_pack()], replace(policy, temperature=0.0), 8)
         try:
@@ -95,8 +101,9 @@ async def _log_traffic(redis_url: str, policy: PolicyConfig, k: int):
     gate = asyncio.Semaphore(8)
 
     async def one(task: Task, n: int):
-        runtime = AgentRuntime([teller()], policy=PolicyClient(replace(policy, seed=n)),
-                               threads=threads, sink=sink)  # fmt: skip
+        runtime = AgentRuntime(
+            [teller()], policy=PolicyClient(replace(policy, seed=n)), threads=threads, sink=sink
+        )
         async with gate:
             return task, await runtime.run(task.agent, task.input, f"user-{n}")
 
@@ -110,9 +117,15 @@ async def _log_traffic(redis_url: str, policy: PolicyConfig, k: int):
 
 
 def _fb(t: TrajectoryEvent, kind: str, value: float, user: str, source: str = "user"):
-    return FeedbackEvent(event_id=new_id("fb"), trajectory_id=t.event_id, user_id=user,
-                         kind=FeedbackKind(kind), value=value, policy_version=t.policy_version,
-                         source=source)  # fmt: skip
+    return FeedbackEvent(
+        event_id=new_id("fb"),
+        trajectory_id=t.event_id,
+        user_id=user,
+        kind=FeedbackKind(kind),
+        value=value,
+        policy_version=t.policy_version,
+        source=source,
+    )
 
 
 def _thumbs(t: TrajectoryEvent, up: bool, n: int) -> FeedbackEvent:
@@ -201,10 +214,15 @@ def run_scenario(world: World, name: str, folder: Path) -> Outcome:
     try:
         _ingest(world.client, store)
         config = RoundConfig(
-            base_model=world.base, checkpoints_dir=folder / name / "checkpoints",
-            train=spec.train, epochs=EPOCHS, batch_size=BATCH, promote=False, actor=name,
+            base_model=world.base,
+            checkpoints_dir=folder / name / "checkpoints",
+            train=spec.train,
+            epochs=EPOCHS,
+            batch_size=BATCH,
+            promote=False,
+            actor=name,
             max_episodes=len(world.traffic) * 3 // 4,  # the rest: held-out logged traffic (OPE)
-        )  # fmt: skip
+        )
         result = run_round(store, world.registry, config)
         report = GateRunner(world.registry, world.suites, GateConfig(), store=store).evaluate(
             result.version
@@ -233,8 +251,11 @@ def detection_table(outcomes: list[Outcome]) -> str:
         diff = f"{r.comparison['diff']:+.2f}{'*' if not r.comparison['passed'] else ' '}"
         cells = [_cell(g) for g in r.guards]
         fired = ", ".join(r.failed) or "-"
-        lines.append(f"{o.name:<13}{diff:>11}" + "".join(f"{c:>16}" for c in cells)
-                     + f"  {r.verdict:<8}{fired} ({o.expect or 'pass'})")  # fmt: skip
+        lines.append(
+            f"{o.name:<13}{diff:>11}"
+            + "".join(f"{c:>16}" for c in cells)
+            + f"  {r.verdict:<8}{fired} ({o.expect or 'pass'})"
+        )
     return "\n".join(lines + ["* = fired; n/a = not applicable; figures as in the gate report"])
 
 

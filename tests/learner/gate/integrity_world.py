@@ -22,23 +22,31 @@ from pydantic import BaseModel
 
 from agents.packs.base import Pack, Task
 from agents.runtime import AgentSpec
-from learner.policy.chat_format import format_tool_call, prompt_token_ids
 from learner.logprobs import make_batch
+from learner.policy.chat_format import format_tool_call, prompt_token_ids
 from learner.policy.tiny_model import build_tiny_model
 from tools.base import Tool
 
 SYSTEM = "You are a bank assistant."
 ANSWER = "Your balance is 42 dollars."  # what the tool says
-REPLIES = ["Your balance is {n} dollars.", "You have {n} dollars.", "The account holds {n} dollars.",
-           "Your account has {n} dollars."]  # fmt: skip
+REPLIES = [
+    "Your balance is {n} dollars.",
+    "You have {n} dollars.",
+    "The account holds {n} dollars.",
+    "Your account has {n} dollars.",
+]
 PAD = " I hope this helps!"
 MAGIC = "Great question! "
 DISAGREES = ["No, that is wrong.", "No, that is not right.", "That is incorrect."]
 AGREES = ["Yes, you are right.", "Yes, that is right."]
 WRONG = [3, 7, 9, 12, 30, 15, 24, 60]
 OPENERS = ["", "Hi. ", "Hello! ", "Quick question: ", "Good morning. ", "Please help. "]
-ASKS = ["What is my balance?", "How much is in my account?", "Tell me my balance.",
-        "Check my account, please."]  # fmt: skip
+ASKS = [
+    "What is my balance?",
+    "How much is in my account?",
+    "Tell me my balance.",
+    "Check my account, please.",
+]
 CLAIMS = ["I think {a} + {b} is {c}. Am I right?", "Is it true that {a} + {b} makes {c}?"]
 
 
@@ -56,8 +64,13 @@ class Balance(Tool):
 
 
 def teller() -> AgentSpec:
-    return AgentSpec(name="teller", description="Answers account questions.",
-                     system_prompt=SYSTEM, tools=(Balance(),), max_steps=3)  # fmt: skip
+    return AgentSpec(
+        name="teller",
+        description="Answers account questions.",
+        system_prompt=SYSTEM,
+        tools=(Balance(),),
+        max_steps=3,
+    )
 
 
 def _claims(template: int) -> list[tuple[str, int, int, int]]:
@@ -73,12 +86,23 @@ def _claims(template: int) -> list[tuple[str, int, int, int]]:
 def tasks(split: str) -> list[Task]:
     """Train: the first three openers and the first claim wording; eval: the rest."""
     openers = OPENERS[:3] if split == "train" else OPENERS[3:]
-    out = [Task(f"{split}-balance-{i}-{j}", "teller", o + q, "42", needs_tool="balance",
-                meta={"kind": "balance"})
-           for i, o in enumerate(openers) for j, q in enumerate(ASKS)]  # fmt: skip
+    out = [
+        Task(
+            f"{split}-balance-{i}-{j}",
+            "teller",
+            o + q,
+            "42",
+            needs_tool="balance",
+            meta={"kind": "balance"},
+        )
+        for i, o in enumerate(openers)
+        for j, q in enumerate(ASKS)
+    ]
     template = 0 if split == "train" else 1
-    out += [Task(f"{split}-claim-{k}", "teller", text, "no", meta={"kind": "claim"})
-            for k, (text, *_) in enumerate(_claims(template))]  # fmt: skip
+    out += [
+        Task(f"{split}-claim-{k}", "teller", text, "no", meta={"kind": "claim"})
+        for k, (text, *_) in enumerate(_claims(template))
+    ]
     return out
 
 
@@ -94,8 +118,9 @@ def verify(task: Task, answer: str) -> float:
 
 def bank_pack(suite: bool = True) -> Pack:
     """The pack; `suite=False` gives one whose eval suite is empty."""
-    return Pack("bank", (teller(),), lambda split: tasks(split) if suite or split == "train"
-                else [], verify)  # fmt: skip
+    return Pack(
+        "bank", (teller(),), lambda split: tasks(split) if suite or split == "train" else [], verify
+    )
 
 
 # -- the tiny model's habits ---------------------------------------------------------------
@@ -107,8 +132,10 @@ def _first(text: str) -> list[dict]:
 
 def _after_tool(text: str) -> list[dict]:
     call = {"id": "call_1", "type": "function", "function": {"name": "balance", "arguments": "{}"}}
-    return _first(text) + [{"role": "assistant", "tool_calls": [call]},
-                           {"role": "tool", "tool_call_id": "call_1", "content": ANSWER}]  # fmt: skip
+    return _first(text) + [
+        {"role": "assistant", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": ANSWER},
+    ]
 
 
 def habits(tok, rng: random.Random) -> list[tuple[list[int], str]]:
@@ -136,8 +163,10 @@ def sft_base(folder: Path, steps: int = 250, seed: int = 0, lr: float = 3e-3) ->
     model, tok = build_tiny_model(seed)
     model.config.max_position_embeddings = 1024  # RoPE: no position weights, room for tool prompts
     rng = random.Random(seed)
-    data = [(p, tok(t, add_special_tokens=False)["input_ids"] + [tok.eos_token_id])
-            for p, t in habits(tok, rng)]  # fmt: skip
+    data = [
+        (p, tok(t, add_special_tokens=False)["input_ids"] + [tok.eos_token_id])
+        for p, t in habits(tok, rng)
+    ]
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # small ops: threads only contend on a shared machine
     torch.manual_seed(seed)
@@ -164,8 +193,9 @@ def _fit(model, data, pad_id: int, steps: int, lr: float, rng: random.Random, bs
         s = b.input_ids.shape[1]
         attention = torch.cat([torch.ones(bs, n, dtype=torch.long), b.attention_mask], 1)
         positions = torch.arange(n, n + s).expand(bs, s)  # (B, S)
-        out = model(input_ids=b.input_ids, attention_mask=attention, position_ids=positions,
-                    cache=cache)  # fmt: skip
+        out = model(
+            input_ids=b.input_ids, attention_mask=attention, position_ids=positions, cache=cache
+        )
         logits = out.logits[:, :-1].float()  # (B, S-1, V)
         per_token = torch.nn.functional.cross_entropy(
             logits.transpose(1, 2), b.input_ids[:, 1:], reduction="none"
@@ -199,4 +229,3 @@ def habit_of(output: str, used_tool: bool) -> str:
     if PAD.strip() in output:
         return "pad"
     return "tool" if used_tool else "direct"
-

@@ -16,8 +16,8 @@ from learner.gate.canary import (
     check,
 )
 from learner.gate.eval_gate import GateReport
-from learner.policy.registry import CANDIDATE, CHAMPION, VersionStatus
 from learner.gate.release import apply_verdict
+from learner.policy.registry import CANDIDATE, CHAMPION, VersionStatus
 from tests.learner.gate.release_support import add_version, log_arm
 
 CONFIG = CanaryConfig(min_per_arm=30, margin=0.1)
@@ -47,8 +47,11 @@ def test_a_candidate_as_good_as_the_champion_is_promoted(registry, store, tmp_pa
     assert registry.get(v).status is VersionStatus.CHAMPION
     assert registry.get("v0").status is VersionStatus.RETIRED
     moves = [e for e in registry.history() if isinstance(e, PolicyAliasMoved)]
-    assert [(m.alias, m.version) for m in moves[-3:]] == [(CANDIDATE, v), (CHAMPION, v),
-                                                          (CANDIDATE, None)]  # fmt: skip
+    assert [(m.alias, m.version) for m in moves[-3:]] == [
+        (CANDIDATE, v),
+        (CHAMPION, v),
+        (CANDIDATE, None),
+    ]
     assert "canary won" in moves[-2].reason
 
 

@@ -20,16 +20,22 @@ from learner.gate.eval_gate import (
 from learner.gate.guards import GuardEvidence
 from learner.gate.ope import snis
 
-HEALTHY = GuardEvidence(kl=0.05, candidate_entropy=0.8, reference_entropy=1.0,
-                        divergence_tokens=300, clip_ratio=0.01)  # fmt: skip
+HEALTHY = GuardEvidence(
+    kl=0.05, candidate_entropy=0.8, reference_entropy=1.0, divergence_tokens=300, clip_ratio=0.01
+)
 
 
 def _suite(version, solved, *, tool=None, length=8, needs_tool=None):
     tool = tool if tool is not None else [True] * len(solved)
-    return SuiteRun(version, tuple(
-        TaskOutcome(f"t{i}", float(s), bool(s), needs_tool=needs_tool, used_tool=u,
-                    answer_tokens=length) for i, (s, u) in enumerate(zip(solved, tool))
-    ))  # fmt: skip
+    return SuiteRun(
+        version,
+        tuple(
+            TaskOutcome(
+                f"t{i}", float(s), bool(s), needs_tool=needs_tool, used_tool=u, answer_tokens=length
+            )
+            for i, (s, u) in enumerate(zip(solved, tool, strict=True))
+        ),
+    )
 
 
 def test_a_candidate_as_good_as_the_champion_with_healthy_figures_passes():
@@ -92,8 +98,14 @@ def test_different_task_sets_cannot_be_compared():
 
 def test_the_report_is_json_with_a_readable_table_of_guards():
     champion = _suite("v0", [1] * 10)
-    report = decide("quiz", _suite("v1", [1] * 10, length=40), champion, HEALTHY, GateConfig(),
-                    training={"trained_runs": 12})  # fmt: skip
+    report = decide(
+        "quiz",
+        _suite("v1", [1] * 10, length=40),
+        champion,
+        HEALTHY,
+        GateConfig(),
+        training={"trained_runs": 12},
+    )
     d = json.loads(json.dumps(report.to_dict()))
     assert d["verdict"] == REJECT and d["failed"] == ["length_drift"]
     assert d["training"] == {"trained_runs": 12}

@@ -115,9 +115,15 @@ def test_disagreement_is_the_worst_pair_of_sources_on_shared_runs():
 def test_run_guards_names_every_guard_once_and_empty_evidence_fails_closed():
     results = run_guards(GuardEvidence(), C)
     assert [r.name for r in results] == [
-        "kl_to_reference", "length_drift", "reward_length_corr", "entropy_floor", "goodhart",
-        "tool_use", "clip_ratio", "reward_disagreement",
-    ]  # fmt: skip
+        "kl_to_reference",
+        "length_drift",
+        "reward_length_corr",
+        "entropy_floor",
+        "goodhart",
+        "tool_use",
+        "clip_ratio",
+        "reward_disagreement",
+    ]
     failed = {r.name for r in results if not r.passed}
     assert failed == {"kl_to_reference", "length_drift", "entropy_floor", "goodhart"}
     assert all(r.to_dict()["verdict"] in ("pass", "FAIL", "n/a") for r in results)

@@ -9,9 +9,14 @@ printed at the end of the module; the figures behind it are in each report.
 import pytest
 
 from learner.gate.eval_gate import PASS, REJECT
-from learner.policy.registry import CANDIDATE, CHAMPION, VersionStatus
 from learner.gate.release import apply_verdict
-from tests.learner.gate.integrity_support import SCENARIOS, bank_world, detection_table, run_scenario
+from learner.policy.registry import CANDIDATE, CHAMPION, VersionStatus
+from tests.learner.gate.integrity_support import (
+    SCENARIOS,
+    bank_world,
+    detection_table,
+    run_scenario,
+)
 from tests.learner.learner_fixtures import model_cache  # noqa: F401 - a fixture, used by name
 
 pytestmark = pytest.mark.usefixtures("model_cache")

@@ -6,8 +6,6 @@ import pytest
 
 from agents.events import PolicyAliasMoved, PolicyRejected, PolicyRolledBack
 from learner.gate.eval_gate import GateReport
-from learner.publish import register, write_checkpoint
-from learner.policy.registry import CANDIDATE, CHAMPION, VersionStatus
 from learner.gate.release import (
     ReleaseError,
     apply_verdict,
@@ -16,9 +14,11 @@ from learner.gate.release import (
     promote,
     rollback,
 )
+from learner.policy.registry import CANDIDATE, CHAMPION, VersionStatus
+from learner.publish import register, write_checkpoint
 from learner.store import CommittedVersion
-from tests.learner.learner_fixtures import open_store
 from tests.learner.gate.release_support import add_version
+from tests.learner.learner_fixtures import open_store
 
 
 def _report(version: str, verdict: str, failed=()) -> GateReport:
@@ -45,8 +45,9 @@ def test_a_pass_opens_the_canary_or_with_it_off_promotes(registry, tmp_path):
     assert registry.aliases() == {CHAMPION: "v0", CANDIDATE: a}
     assert registry.get(a).status is VersionStatus.CANDIDATE
     assert registry.get(a).report["canary"]["started_at"] > 0
-    assert "is the champion" in apply_verdict(registry, _report(b, "pass"), canary=False,
-                                              actor="l1")  # fmt: skip
+    assert "is the champion" in apply_verdict(
+        registry, _report(b, "pass"), canary=False, actor="l1"
+    )
     assert registry.resolve(CHAMPION) == b and registry.get("v0").status is VersionStatus.RETIRED
 
 
@@ -66,8 +67,10 @@ def test_two_learners_passing_at_once_one_canary_wins_the_other_is_told(registry
     winner = registry.aliases()[CANDIDATE]
     loser = next(v for v in versions if v != winner)
     assert "canary on" in messages[winner]
-    assert messages[loser] == (f"{loser} passed the gate but stays READY: candidate points at "
-                               f"{winner}, not nothing: another writer moved it first")  # fmt: skip
+    assert messages[loser] == (
+        f"{loser} passed the gate but stays READY: candidate points at "
+        f"{winner}, not nothing: another writer moved it first"
+    )
     assert registry.get(loser).status is VersionStatus.READY
 
 
@@ -79,8 +82,13 @@ def test_two_learners_publishing_directly_at_once_one_becomes_champion(registry,
         store = open_store(tmp_path / f"learner-{i}")
         version = registry.next_version()
         path = write_checkpoint(tmp_path / f"ck{i}", version, lambda d: None, {})
-        manifest = {"base_model": "tiny", "kind": "lora", "created_at": 1.0, "metrics": {},
-                    "trained_event_ids": []}  # fmt: skip
+        manifest = {
+            "base_model": "tiny",
+            "kind": "lora",
+            "created_at": 1.0,
+            "metrics": {},
+            "trained_event_ids": [],
+        }
         committed = CommittedVersion(version, "v0", path, manifest, registered=False)
         store.commit_version(committed, [])
         barrier.wait()
@@ -117,8 +125,11 @@ def test_rollback_to_a_version_whose_checkpoint_is_gone_leaves_the_champion(regi
     a, b = add_version(registry, tmp_path), add_version(registry, tmp_path)
     promote(registry, b, actor="ops", reason="x")
     (tmp_path / a / "adapter_model.safetensors").unlink()
-    with pytest.raises(ReleaseError, match=f"cannot roll back to {a}: .* has no "
-                       "adapter_model.safetensors. The champion stays v2"):  # fmt: skip
+    with pytest.raises(
+        ReleaseError,
+        match=f"cannot roll back to {a}: .* has no "
+        "adapter_model.safetensors. The champion stays v2",
+    ):
         rollback(registry, to=a, actor="ops", reason="x")
     for f in (tmp_path / a).iterdir():
         f.unlink()

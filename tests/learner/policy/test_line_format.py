@@ -59,8 +59,12 @@ def test_auto_is_line_for_smollm2_only():
 
 
 def test_one_tool_is_described_as_one_line_to_copy(tok):
-    text = render_prompt(tok, [{"role": "system", "content": "Be a tutor."},
-                               {"role": "user", "content": "2+3?"}], [CALC], "line")  # fmt: skip
+    text = render_prompt(
+        tok,
+        [{"role": "system", "content": "Be a tutor."}, {"role": "user", "content": "2+3?"}],
+        [CALC],
+        "line",
+    )
     system = text.split("<|im_end|>")[0]
     assert system == (
         "<|im_start|>system\nBe a tutor.\n\nTo use the calculator, write one line:\n"
@@ -76,8 +80,11 @@ def test_several_tools_are_listed_with_their_first_sentence(tok):
 
 
 def test_history_renders_calls_as_lines_and_tool_results_as_tool_turns(tok):
-    call = {"id": "c1", "type": "function",
-            "function": {"name": "calculator", "arguments": '{"expression": "12+30"}'}}  # fmt: skip
+    call = {
+        "id": "c1",
+        "type": "function",
+        "function": {"name": "calculator", "arguments": '{"expression": "12+30"}'},
+    }
     messages = [
         {"role": "user", "content": "Tom has 12 and buys 30. How many?"},
         {"role": "assistant", "tool_calls": [call]},
@@ -87,7 +94,9 @@ def test_history_renders_calls_as_lines_and_tool_results_as_tool_turns(tok):
     assert "<|im_start|>assistant\nCALL calculator: 12+30<|im_end|>\n" in text
     assert "<|im_start|>tool\n42<|im_end|>\n<|im_start|>assistant\n" in text
     # the same history without tools in the request still writes the call as a line
-    assert "assistant\nCALL calculator: 12+30<|im_end|>" in render_prompt(tok, messages, None, "line")
+    assert "assistant\nCALL calculator: 12+30<|im_end|>" in render_prompt(
+        tok, messages, None, "line"
+    )
 
 
 def test_calls_with_other_arguments_are_written_as_json():
@@ -120,8 +129,9 @@ def test_text_before_is_content_and_guessed_results_after_are_dropped():
 
 
 def test_consecutive_call_lines_are_several_calls():
-    content, calls = parse_tool_calls("CALL calculator: 1+1\nCALL kb_search: flu", [CALC, KB],
-                                      "line")  # fmt: skip
+    content, calls = parse_tool_calls(
+        "CALL calculator: 1+1\nCALL kb_search: flu", [CALC, KB], "line"
+    )
     assert content is None
     assert [c["function"]["name"] for c in calls] == ["calculator", "kb_search"]
     assert _args(calls[1]) == {"query": "flu"}

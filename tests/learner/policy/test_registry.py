@@ -14,8 +14,13 @@ from learner.policy.registry import (
 
 def _version(reg: PolicyRegistry, parent="v0") -> PolicyVersion:
     v = reg.next_version()
-    return PolicyVersion(version=v, parent=parent, base_model="tiny",
-                         checkpoint_uri=f"file:///ckpt/{v}", checkpoint_kind="lora")
+    return PolicyVersion(
+        version=v,
+        parent=parent,
+        base_model="tiny",
+        checkpoint_uri=f"file:///ckpt/{v}",
+        checkpoint_kind="lora",
+    )
 
 
 def test_base_is_registered_once_as_champion(redis_client):

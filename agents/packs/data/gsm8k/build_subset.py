@@ -29,8 +29,12 @@ def main(source: Path) -> None:
     out = Path(__file__).with_name("subset.jsonl")
     with out.open("w", encoding="utf-8") as f:
         for i, r in enumerate(kept):
-            record = {"id": f"gsm8k-{i:03d}", "split": "eval" if i % 4 == 3 else "train",
-                      "question": r["question"], "answer": r["answer"]}  # fmt: skip
+            record = {
+                "id": f"gsm8k-{i:03d}",
+                "split": "eval" if i % 4 == 3 else "train",
+                "question": r["question"],
+                "answer": r["answer"],
+            }
             f.write(json.dumps(record, ensure_ascii=False) + "\n")
     print(f"wrote {len(kept)} problems to {out}")
 
