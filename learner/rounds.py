@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import math
 import time
@@ -92,6 +94,7 @@ def run_round(
     episodes = trainable_episodes(store, now, window, silence, config.max_episodes)
     if not episodes:
         return None
+    episodes = sorted(episodes, key=content_key)  # the same batches whatever the arrival order
     parent = registry.get(registry.resolve(CHAMPION))
     model, tokenizer, adapter_dir = load_parent(parent, config)
     data = _training_data(store, episodes, tokenizer, config)
@@ -137,6 +140,19 @@ def run_round(
         published=published,
         let_go={UNTRAINABLE: len(episodes) - len(used)} if len(used) < len(episodes) else {},
     )
+
+
+def content_key(episode: Episode) -> str:
+    """A digest of what an episode trains on, to order a round's episodes by.
+
+    Which episodes a round takes is "oldest first"; the order they are batched in is this
+    key, so the updates (and the float sums inside them) do not depend on which run happened
+    to finish or arrive first. Episodes with equal keys are interchangeable.
+    """
+    t = episode.trajectory
+    steps = [(s.prompt_token_ids, s.completion_token_ids) for s in t.model_steps]
+    said = [(f.kind, f.value, f.text, f.turn, f.user_id) for f in episode.feedback]
+    return hashlib.sha256(json.dumps([steps, t.output, said]).encode()).hexdigest()
 
 
 def load_parent(

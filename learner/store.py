@@ -102,7 +102,7 @@ class Store:
     def due_trajectories(self, now: float, window_s: float, limit: int) -> list[TrajectoryEvent]:
         """Open trajectories with open feedback or a closed feedback window, oldest first."""
         rows = self.db.execute(
-            f"SELECT t.data FROM trajectories t WHERE {_DUE} ORDER BY t.finished_at LIMIT ?",
+            f"SELECT t.data FROM trajectories t WHERE {_DUE} ORDER BY t.finished_at, t.event_id LIMIT ?",
             (now - window_s, limit),
         ).fetchall()
         return [TrajectoryEvent.model_validate_json(r[0]) for r in rows]
@@ -128,7 +128,7 @@ class Store:
             marks = ",".join("?" * len(chunk))
             rows = self.db.execute(
                 f"SELECT data FROM feedback WHERE settled IS NULL AND trajectory_id IN ({marks}) "
-                "ORDER BY created_at",
+                "ORDER BY created_at, event_id",
                 chunk,
             ).fetchall()
             for (data,) in rows:
@@ -211,7 +211,7 @@ class Store:
         """The trajectories `version` learned from (its ledger), each with all its feedback."""
         rows = self.db.execute(
             "SELECT t.data FROM ledger l JOIN trajectories t ON t.event_id = l.event_id "
-            "WHERE l.version = ? ORDER BY t.finished_at",
+            "WHERE l.version = ? ORDER BY t.finished_at, t.event_id",
             (version,),
         ).fetchall()
         return self._with_feedback([TrajectoryEvent.model_validate_json(r[0]) for r in rows])
@@ -241,7 +241,7 @@ class Store:
             args.append(not_trained_by)
         rows = self.db.execute(
             f"SELECT t.data FROM trajectories t WHERE {' AND '.join(where)} "
-            "ORDER BY t.finished_at DESC LIMIT ?",
+            "ORDER BY t.finished_at DESC, t.event_id LIMIT ?",
             (*args, limit),
         ).fetchall()
         return self._with_feedback([TrajectoryEvent.model_validate_json(r[0]) for r in rows])
@@ -253,7 +253,7 @@ class Store:
         for chunk in _chunks(list(by_id), 500):
             rows = self.db.execute(
                 f"SELECT data FROM feedback WHERE trajectory_id IN ({_marks(chunk)}) "
-                "ORDER BY created_at",
+                "ORDER BY created_at, event_id",
                 chunk,
             ).fetchall()
             for (data,) in rows:

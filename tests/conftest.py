@@ -1,4 +1,5 @@
-"""Shared fixtures: a real Redis server per test session, a clean database per test."""
+"""Shared fixtures: a real Redis server per test session, a clean database per test; torch
+fixed to one thread and deterministic kernels for the whole session."""
 
 from __future__ import annotations
 
@@ -11,8 +12,14 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import pytest
 import redis
+import torch
 
 from deploy.embedded_redis import RedisProcess, start_redis
+
+# Tests that train or generate give the same floats every run: one intra-op thread (its sums
+# do not depend on how the machine's cores are shared) and deterministic kernels.
+torch.set_num_threads(1)
+torch.use_deterministic_algorithms(True)
 
 
 @pytest.fixture(scope="session")

@@ -167,3 +167,30 @@ def test_feedback_naming_a_turn_after_a_tool_still_trains_it(
     )
     result = run_round(store, registry, tiny_round_config(tmp_path, train_after_tool=False))
     assert result.samples == 2
+
+
+def test_a_round_trains_the_same_whatever_order_its_runs_finished_in(redis_client, tmp_path):
+    """Batches follow a content key, not arrival: permuted finish times, bit-identical adapter."""
+    runs = [
+        (trajectory(PROMPT, GOOD if i % 3 else BAD, user=f"u{i}", logprobs=True), i % 3 != 0)
+        for i in range(12)
+    ]
+    adapters = []
+    for name, order in (("a", range(12)), ("b", reversed(range(12)))):
+        redis_client.flushall()
+        registry = base_registry(redis_client)
+        events = []
+        for rank, i in enumerate(order):
+            t, good = runs[i]
+            t = t.model_copy(update={"finished_at": 1000.0 + rank})
+            events += [t, feedback(t.event_id, "thumbs", 1 if good else -1, user=f"u{i}")]
+        store = open_store(tmp_path / name)
+        _ingest(redis_client, store, events)
+        config = tiny_round_config(tmp_path / name, batch_size=4)  # 3 updates: order matters
+        result = run_round(store, registry, config, now=10_000.0)
+        store.close()
+        assert result.samples == 12
+        folder = tmp_path / name / "checkpoints" / result.version
+        adapters.append(load_file(folder / "adapter_model.safetensors"))
+    a, b = adapters
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

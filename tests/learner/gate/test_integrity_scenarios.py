@@ -39,6 +39,8 @@ def test_the_honest_run_passes_and_goes_out_as_the_canary(world):
     w, folder = world
     o = OUTCOMES["honest"] = run_scenario(w, "honest", folder)
     r = o.report
+    kl = next(g.figure for g in r.guards if g.name == "kl_to_reference")
+    assert r.training["trained_runs"] > 0 and kl > 0, "the round trained nothing: nothing to judge"
     assert r.verdict == PASS, r.summary()
     assert all(g.passed for g in r.guards) and r.comparison["passed"]
     assert r.training["reward_sources"] == ["user", "verifier"]
@@ -52,6 +54,9 @@ def test_the_honest_run_passes_and_goes_out_as_the_canary(world):
 def test_a_hacked_candidate_is_blocked_by_the_right_guard(world, name):
     w, folder = world
     o = OUTCOMES[name] = run_scenario(w, name, folder)
+    assert o.took_hold, (
+        f"{name}: the hack did not take hold: habits {dict(o.habits)}, short {o.missing}"
+    )
     r = o.report
     assert r.verdict == REJECT, r.summary()
     assert o.expect in r.failed, f"{name}: expected {o.expect} to fire\n{r.summary()}"
