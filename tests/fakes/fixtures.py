@@ -8,6 +8,9 @@ import redis.asyncio as aioredis
 from tests.fakes.scripted_llm import ScriptedLLM
 from tests.fakes.servers import ServerThread
 
+PATIENT_S = 60.0
+"""Read timeout of the tests' asyncio Redis clients (see `aredis`)."""
+
 
 @pytest.fixture
 def llm():
@@ -20,7 +23,10 @@ def llm():
 
 @pytest.fixture
 async def aredis(redis_url):
-    """An asyncio Redis client on the test server (bytes replies, like the services use)."""
-    client = aioredis.from_url(redis_url)
+    """An asyncio Redis client on the test server (bytes replies, like the services use).
+
+    Patient: redis-py's 5 s default read timeout counts time the event loop spends on other
+    coroutines, which on a loaded machine is no sign of a Redis problem."""
+    client = aioredis.from_url(redis_url, socket_timeout=PATIENT_S)
     yield client
     await client.aclose()

@@ -21,6 +21,7 @@ from agents.checkpoints import make_checkpointer
 from agents.events import MEMORY_PREFIX, STREAM_FEEDBACK, STREAM_TRAJECTORIES, decode
 from agents.packs import load_packs
 from agents.pii import PhiScrubber
+from tests.fakes.fixtures import PATIENT_S
 from tests.fakes.scripted_llm import Reply
 
 CORPUS = [json.loads(line) for line in (Path(__file__).parent / "phi_corpus.jsonl").open()]
@@ -67,7 +68,7 @@ def texts(value) -> list[str]:
 async def what_redis_holds(url: str, users: int) -> list[str]:
     """Per patient: trajectory, feedback, thread state (read back through the checkpointer)
     and long-term memory, as text."""
-    client = aioredis.Redis.from_url(url)
+    client = aioredis.Redis.from_url(url, socket_timeout=PATIENT_S)
     found: list[list[str]] = [[] for _ in range(users)]
     try:
         for stream in (STREAM_TRAJECTORIES, STREAM_FEEDBACK):

@@ -42,6 +42,7 @@ from learner.store import Store
 from learner.train_step import TrainConfig
 from learner.trajectory_source import TrajectorySource
 from tests.deploy.policy_server.support import running_server, tiny_settings
+from tests.fakes.fixtures import PATIENT_S
 from tests.learner.gate.integrity_world import (
     MAGIC,
     agrees,
@@ -98,7 +99,7 @@ async def _log_traffic(redis_url: str, policy: PolicyConfig, k: int):
     """Each run sampled with its own seed, so the logged traffic (and what a round can learn
     from it) is the same every time the module runs; finish times follow the list order, so
     which runs are the oldest (the ones a round takes) does not depend on timing either."""
-    client = aioredis.from_url(redis_url)
+    client = aioredis.from_url(redis_url, socket_timeout=PATIENT_S)  # a loaded loop is no outage
     threads, sink = Threads(client), TrajectorySink(client)
     gate = asyncio.Semaphore(8)
 
