@@ -16,7 +16,7 @@ from learner.advantages import RunningBaseline
 from learner.crashpoints import crash_point
 from learner.episodes import Episode, settle, trainable_episodes
 from learner.policy.models import checkpoint_path, load_base, load_checkpoint
-from learner.policy.registry import CHAMPION, PolicyRegistry, PolicyVersion
+from learner.policy.registry import CHAMPION, PolicyRegistry, PolicyVersion, version_number
 from learner.publish import Published, publish_version
 from learner.rewards import batch_rewards, keep_turns
 from learner.samples import (
@@ -24,7 +24,6 @@ from learner.samples import (
     TrainingData,
     build_training_data,
     reads_tool_output,
-    version_number,
 )
 from learner.store import Store, chunks
 from learner.train_step import PolicyTrainer, TrainConfig
