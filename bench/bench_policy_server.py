@@ -159,7 +159,9 @@ def publish_to_first_response(
         )
     )
     started = time.perf_counter()
-    registry.move_alias(CHAMPION, version, reason="bench", actor="bench")
+    registry.promote(
+        version, expect=registry.aliases().get(CHAMPION), reason="bench", actor="bench"
+    )
     with httpx.Client() as http:
         while ask(http, base, "hi", 1)["system_fingerprint"] != version:
             if time.perf_counter() - started > 300:

@@ -1,7 +1,8 @@
 """`arloop policy list|promote|rollback` and `arloop eval`: release control for people.
 
-Every move goes through `learner.gate.release` (compare-and-set on the registry, an event on
-`arloop:policy:events`), so what people do shows in `policy list` next to what the learner did.
+Every move goes through `learner.gate.release`, so it is one registry write (the alias
+compare-and-set, the statuses it implies, an event on `arloop:policy:events`) and what people
+do shows in `policy list` next to what the learner did.
 Exit codes: 0 done (eval: pass), 1 refused (eval: reject), 2 cannot run (eval: error).
 """
 

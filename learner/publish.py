@@ -6,7 +6,8 @@ The order is the crash-safety argument:
 2. one store transaction commits the version row and the ledger of the events it learned from
    (after this the events are trained, whatever happens next);
 3. the registry learns of the version (READY) and, when no eval gate is configured,
-   `champion` moves from the parent to it; with a gate, the release flow moves the aliases
+   `PolicyRegistry.promote` moves `champion` from the parent to it, the version CHAMPION and
+   the parent RETIRED in the same write; with a gate, the release flow moves the aliases
    (`learner/gate/release.py`). A crash before this is finished by `recover` on restart.
 """
 
@@ -23,13 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from learner.crashpoints import crash_point
-from learner.policy.registry import (
-    CHAMPION,
-    AliasConflict,
-    PolicyRegistry,
-    PolicyVersion,
-    VersionStatus,
-)
+from learner.policy.registry import CHAMPION, AliasConflict, PolicyRegistry, PolicyVersion
 from learner.store import CommittedVersion, Store
 
 log = logging.getLogger(__name__)
@@ -151,21 +146,14 @@ def _promote(
 ) -> tuple[bool, str | None]:
     """Move champion parent -> version: the path when no eval gate is configured."""
     if registry.aliases().get(CHAMPION) == committed.version:
-        return True, None
+        return True, None  # recovery after the move: it was made, with its statuses, at once
     try:
-        registry.move_alias(
-            CHAMPION,
-            committed.version,
-            expect=committed.parent,
-            reason="learner round",
-            actor=actor,
+        registry.promote(
+            committed.version, expect=committed.parent, reason="learner round", actor=actor
         )
     except AliasConflict as exc:
         log.warning("%s published but not champion: %s", committed.version, exc)
         return False, str(exc)
-    registry.set_status(committed.version, VersionStatus.CHAMPION)
-    if committed.parent:
-        registry.set_status(committed.parent, VersionStatus.RETIRED)
     return True, None
 
 

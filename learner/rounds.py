@@ -18,7 +18,7 @@ from learner.advantages import RunningBaseline
 from learner.crashpoints import crash_point
 from learner.episodes import Episode, settle, trainable_episodes
 from learner.policy.models import checkpoint_path, load_base, load_checkpoint
-from learner.policy.registry import CHAMPION, PolicyRegistry, PolicyVersion
+from learner.policy.registry import CHAMPION, PolicyRegistry, PolicyVersion, version_number
 from learner.publish import Published, publish_version
 from learner.rewards import batch_rewards, keep_turns
 from learner.samples import (
@@ -26,9 +26,8 @@ from learner.samples import (
     TrainingData,
     build_training_data,
     reads_tool_output,
-    version_number,
 )
-from learner.store import Store
+from learner.store import Store, chunks
 from learner.train_step import PolicyTrainer, TrainConfig
 
 log = logging.getLogger(__name__)
@@ -220,10 +219,10 @@ def _train(
     pg: list[dict[str, float]] = []
     dpo: list[dict[str, float]] = []
     for _ in range(config.epochs):
-        for chunk in _chunks(data.samples, config.batch_size):
+        for chunk in chunks(data.samples, config.batch_size):
             _check_stop(should_stop)
             pg.append(trainer.step(chunk, current_version=current_version))
-        for chunk in _chunks(data.pairs, config.batch_size):
+        for chunk in chunks(data.pairs, config.batch_size):
             _check_stop(should_stop)
             dpo.append(trainer.dpo_step(chunk))
     metrics = _mean_metrics(pg)
@@ -239,10 +238,6 @@ def _train(
 def _check_stop(should_stop: Callable[[], bool]) -> None:
     if should_stop():
         raise RoundAborted("stop requested: round abandoned before its checkpoint")
-
-
-def _chunks(items: list, size: int) -> list[list]:
-    return [items[i : i + size] for i in range(0, len(items), max(1, size))]
 
 
 def _mean_metrics(runs: list[dict[str, float]]) -> dict[str, float]:

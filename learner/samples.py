@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -28,6 +27,7 @@ from learner.advantages import (
     running_baseline_advantages,
 )
 from learner.episodes import Episode
+from learner.policy.registry import version_number
 from learner.rewards import EpisodeReward, normalise
 
 Baseline = Literal["rloo", "running"]
@@ -69,12 +69,6 @@ class TrainingData:
     skipped_steps: int = 0  # rewarded model steps without logged token ids
     skipped_corrections: int = 0  # corrections of an answer read off a tool's output
     baseline: RunningBaseline = field(default_factory=RunningBaseline)
-
-
-def version_number(version: str | None) -> int | None:
-    """3 for "v3"; None for anything else."""
-    m = re.fullmatch(r"v(\d+)", version or "")
-    return int(m.group(1)) if m else None
 
 
 def group_key(trajectory: TrajectoryEvent) -> str:

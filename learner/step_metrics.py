@@ -7,6 +7,7 @@ from collections import defaultdict
 
 import torch
 
+from learner.gate.stats import pearson_from_sums
 from learner.samples import Sample
 
 
@@ -21,12 +22,11 @@ def add_corr_sums(sums: dict[str, float], behaviour: torch.Tensor, current: torc
     sums["c_xy"] += float((x * y).sum())
 
 
-def pearson(s: dict[str, float]) -> float:
+def probs_corr(s: dict[str, float]) -> float:
     """Correlation of behaviour and current probabilities from `add_corr_sums`; NaN if undefined."""
-    n, x, y = s.get("c_n", 0.0), s.get("c_x", 0.0), s.get("c_y", 0.0)
-    cov = n * s.get("c_xy", 0.0) - x * y
-    var = (n * s.get("c_xx", 0.0) - x * x) * (n * s.get("c_yy", 0.0) - y * y)
-    return cov / math.sqrt(var) if n > 1 and var > 0 else math.nan
+    keys = ("c_n", "c_x", "c_y", "c_xx", "c_yy", "c_xy")
+    r = pearson_from_sums(*(s.get(k, 0.0) for k in keys))
+    return math.nan if r is None else r  # a metric: NaN is "undefined this step"
 
 
 def pg_metrics(
@@ -51,7 +51,7 @@ def pg_metrics(
         "reward": float(rewards.mean()),
         "reward_std": float(rewards.std()) if len(samples) > 1 else 0.0,
         "frac_reward_zero_std": frac_zero_std_groups(samples),
-        "probs_corr": pearson(s),
+        "probs_corr": probs_corr(s),
         "policy_version_lag": lag,
         "num_tokens": n,
     }

@@ -20,9 +20,11 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from agents.events import FeedbackEvent, TrajectoryEvent
+
+T = TypeVar("T")
 
 TRAINED = "trained"
 
@@ -124,7 +126,7 @@ class Store:
     def open_feedback_for(self, trajectory_ids: Sequence[str]) -> dict[str, list[FeedbackEvent]]:
         """Open feedback grouped by trajectory id, oldest first."""
         out: dict[str, list[FeedbackEvent]] = {t: [] for t in trajectory_ids}
-        for chunk in _chunks(list(trajectory_ids), 500):
+        for chunk in chunks(list(trajectory_ids), 500):
             marks = ",".join("?" * len(chunk))
             rows = self.db.execute(
                 f"SELECT data FROM feedback WHERE settled IS NULL AND trajectory_id IN ({marks}) "
@@ -250,7 +252,7 @@ class Store:
         self, trajectories: list[TrajectoryEvent]
     ) -> list[tuple[TrajectoryEvent, list[FeedbackEvent]]]:
         by_id: dict[str, list[FeedbackEvent]] = {t.event_id: [] for t in trajectories}
-        for chunk in _chunks(list(by_id), 500):
+        for chunk in chunks(list(by_id), 500):
             rows = self.db.execute(
                 f"SELECT data FROM feedback WHERE trajectory_id IN ({_marks(chunk)}) "
                 "ORDER BY created_at, event_id",
@@ -304,6 +306,8 @@ def _marks(values: Sequence[object]) -> str:
     return ",".join("?" * len(values))
 
 
-def _chunks(items: list[str], size: int) -> Iterator[list[str]]:
+def chunks(items: list[T], size: int) -> Iterator[list[T]]:
+    """Consecutive slices of at most `size` (>= 1) items: `itertools.batched`, which 3.11 lacks."""
+    size = max(1, size)
     for i in range(0, len(items), size):
         yield items[i : i + size]

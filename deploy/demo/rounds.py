@@ -22,7 +22,7 @@ from agents.packs.base import Pack, Task
 from deploy.demo.stack import Stack, StackError
 from deploy.demo.users import AgentClient, Behaviour, Visit, run_traffic
 from learner.gate.eval_gate import ERROR
-from learner.policy.registry import CHAMPION, PolicyRegistry
+from learner.policy.registry import CHAMPION, PolicyRegistry, version_number
 
 
 @dataclass
@@ -120,7 +120,7 @@ def wait_for_verdict(
     with console.status(label) as status:
         while time.monotonic() < deadline:
             stack.check_alive()
-            newer = [r for r in registry.versions() if _number(r.version) > after]
+            newer = [r for r in registry.versions() if (version_number(r.version) or 0) > after]
             report = newer[0].report if newer else None
             if report and report.get("verdict") not in (None, ERROR):
                 return newer[0].version, report
@@ -147,10 +147,6 @@ def _serving(stack: Stack) -> dict[str, str]:
         return httpx.get(f"{stack.policy_url[:-3]}/healthz", timeout=2).json().get("serving", {})
     except (httpx.HTTPError, ValueError):
         return {}
-
-
-def _number(version: str) -> int:
-    return int(version[1:]) if version[1:].isdigit() else -1
 
 
 def _last_line(stack: Stack) -> str:

@@ -43,7 +43,7 @@ from deploy.demo.rounds import (
 )
 from deploy.demo.stack import Stack, StackError
 from deploy.demo.users import Behaviour
-from learner.policy.registry import BASE_VERSION, PolicyRegistry
+from learner.policy.registry import BASE_VERSION, PolicyRegistry, version_number
 
 API_KEY = "demo-" + secrets.token_hex(8)
 
@@ -202,7 +202,7 @@ def _round(
     console: Console,
 ) -> RoundRecord:
     """Traffic, then the learner's round and gate; the next round starts on the new champion."""
-    before = max(int(v.version[1:]) for v in registry.versions())
+    before = max(version_number(v.version) or 0 for v in registry.versions())
     rec = _students(r, opts, stack, registry, pack, console, f"round {r}")
     version, report = timed(
         rec.seconds,

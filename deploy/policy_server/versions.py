@@ -238,7 +238,7 @@ class VersionManager:
         self.metrics.load_failures.inc()
         try:
             if self.registry.exists(version):
-                self.registry.set_status(version, VersionStatus.BROKEN, error=error[:2000])
+                self.registry.mark_broken(version, error[:2000])
         except redis.RedisError:
             log.warning("could not mark %s broken in the registry", version)
 

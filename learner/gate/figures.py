@@ -23,7 +23,7 @@ from learner.gate.ope import OPEEstimate
 from learner.logprobs import completion_log_softmax, make_batch, selected_logprobs
 from learner.policy.models import load_version
 from learner.policy.registry import BASE_VERSION, PolicyRegistry
-from learner.store import Store
+from learner.store import Store, chunks
 
 Tokens = tuple[Sequence[int], Sequence[int]]  # (prompt ids, completion ids)
 
@@ -48,7 +48,7 @@ def divergence(
     """KL and entropies on the completion tokens; None when there is no token to compare."""
     sums = torch.zeros(3, dtype=torch.float64)  # kl, H(candidate), H(reference)
     count = 0
-    for chunk in _chunks([s for s in sequences if len(s[0]) and len(s[1])], micro_batch):
+    for chunk in chunks([s for s in sequences if len(s[0]) and len(s[1])], micro_batch):
         batch = make_batch([p for p, _ in chunk], [c for _, c in chunk], pad_id)
         with torch.no_grad():
             lp_c = completion_log_softmax(candidate, batch)  # (N, V)
@@ -69,16 +69,12 @@ def token_logprobs(
 ) -> list[torch.Tensor]:
     """Per sequence, the (C,) log-probabilities of its completion tokens under `model`."""
     out: list[torch.Tensor] = []
-    for chunk in _chunks(list(sequences), micro_batch):
+    for chunk in chunks(list(sequences), micro_batch):
         batch = make_batch([p for p, _ in chunk], [c for _, c in chunk], pad_id)
         with torch.no_grad():
             picked, _ = selected_logprobs(model, batch)  # (N,)
         out += list(picked.split([len(c) for _, c in chunk]))
     return out
-
-
-def _chunks(items: list, size: int) -> list[list]:
-    return [items[i : i + size] for i in range(0, len(items), max(1, size))]
 
 
 MAX_DIVERGENCE_SEQUENCES = 64

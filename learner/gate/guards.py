@@ -15,6 +15,8 @@ from dataclasses import asdict, dataclass, field
 from itertools import combinations
 from typing import Any
 
+from learner.gate.stats import pearson
+
 
 @dataclass(frozen=True)
 class GuardConfig:
@@ -221,20 +223,6 @@ def source_pair_disagreement(
         for a, b in combinations(sorted(by_source), 2):
             sums.setdefault((a, b), []).append(abs(by_source[a] - by_source[b]) / 2)
     return {k: (_mean(v), len(v)) for k, v in sums.items()}
-
-
-def pearson(xs: Sequence[float], ys: Sequence[float]) -> float | None:
-    """Pearson correlation; None when either side does not vary."""
-    n = len(xs)
-    if n != len(ys) or n < 2:
-        return None
-    mx, my = _mean(xs), _mean(ys)
-    sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True))
-    sxx = sum((x - mx) ** 2 for x in xs)
-    syy = sum((y - my) ** 2 for y in ys)
-    if sxx <= 1e-12 or syy <= 1e-12:
-        return None
-    return sxy / math.sqrt(sxx * syy)
 
 
 def run_guards(e: GuardEvidence, c: GuardConfig) -> list[GuardResult]:

@@ -1,8 +1,12 @@
 """Release moves: a gated version becomes the candidate, then champion, or is rejected or rolled back.
 
-Each move is a compare-and-set of an alias in the registry (two learners or operators racing:
-one wins, the other gets `AliasConflict`) plus an event on `arloop:policy:events`, so
-`arloop policy list` shows who moved what and why. A rejected version never moves `champion`.
+Each move is one registry write (`PolicyRegistry.promote`, `open_candidate`,
+`withdraw_candidate`, `reject`): the compare-and-set of an alias, the status changes it implies
+(the table beside `VersionStatus`) and its events on `arloop:policy:events`, all at once. Two
+learners or operators racing: one wins, the other gets `AliasConflict`; `arloop policy list`
+shows who moved what and why. This module adds the release rules on top: a rejected version
+needs `force`, a version whose checkpoint is gone is never promoted. A rejected version never
+moves `champion`.
 """
 
 from __future__ import annotations
@@ -13,19 +17,16 @@ from typing import Any
 from agents.events import PolicyAliasMoved, PolicyRejected, PolicyRolledBack
 from learner.gate.eval_gate import ERROR, PASS, GateReport
 from learner.policy.registry import (
-    CANDIDATE,
     CHAMPION,
     AliasConflict,
+    IllegalTransition,
     PolicyRegistry,
     PolicyVersion,
+    ReleaseError,
     VersionStatus,
 )
 
 _REQUIRED = {"lora": ("adapter_config.json", "adapter_model.safetensors"), "full": ("config.json",)}
-
-
-class ReleaseError(RuntimeError):
-    """A move that cannot be made; the message says why and what to do."""
 
 
 def checkpoint_problem(record: PolicyVersion) -> str | None:
@@ -52,23 +53,20 @@ def record_report(registry: PolicyRegistry, report: GateReport, **extra: Any) ->
 
 
 def reject(registry: PolicyRegistry, report: GateReport) -> None:
-    """The gate refused: report stored, status REJECTED, a PolicyRejected event naming why."""
+    """The gate refused: report stored, then READY -> REJECTED with a PolicyRejected event naming why."""
     record_report(registry, report)
-    registry.set_status(report.version, VersionStatus.REJECTED, error=report.reason)
-    registry.emit(
-        PolicyRejected(
-            event_id=f"rejected_{report.version}_{_ms()}",
-            version=report.version,
-            failed=report.failed,
-            reason=report.reason,
-        )
+    rejected = PolicyRejected(
+        event_id=f"rejected_{report.version}_{_ms()}",
+        version=report.version,
+        failed=report.failed,
+        reason=report.reason,
     )
+    registry.reject(report.version, error=report.reason, events=[rejected])
 
 
 def open_candidate(registry: PolicyRegistry, version: str, *, actor: str) -> None:
     """`candidate` -> version, only if no candidate is out now (AliasConflict otherwise)."""
-    registry.move_alias(CANDIDATE, version, expect="", reason="passed the eval gate", actor=actor)
-    registry.set_status(version, VersionStatus.CANDIDATE)
+    registry.open_candidate(version, reason="passed the eval gate", actor=actor)
 
 
 def promote(
@@ -85,30 +83,24 @@ def promote(
     if problem:
         raise ReleaseError(f"cannot promote {version}: {problem}")
     current = registry.aliases().get(CHAMPION)
-    if current == version:
-        raise ReleaseError(f"{version} is already the champion")
-    registry.move_alias(CHAMPION, version, expect=current or "", reason=reason, actor=actor)
-    registry.set_status(version, VersionStatus.CHAMPION)
-    if current:
-        registry.set_status(current, VersionStatus.RETIRED)
-    if registry.aliases().get(CANDIDATE) == version:
-        _clear_candidate(registry, version, reason=f"promoted: {reason}", actor=actor)
-    return current
+    return registry.promote(version, expect=current, reason=reason, actor=actor)
 
 
 def end_canary(registry: PolicyRegistry, version: str, *, actor: str, reason: str) -> None:
     """Roll a candidate back: `candidate` cleared, the version REJECTED, a PolicyRolledBack event."""
-    _clear_candidate(registry, version, reason=f"rolled back: {reason}", actor=actor)
-    registry.set_status(version, VersionStatus.REJECTED, error=f"rolled back: {reason}")
-    champion = registry.aliases().get(CHAMPION, "")
-    registry.emit(
-        PolicyRolledBack(
-            event_id=f"rollback_{version}_{_ms()}",
-            from_version=version,
-            to_version=champion,
-            reason=reason,
-            actor=actor,
-        )
+    rolled_back = PolicyRolledBack(
+        event_id=f"rollback_{version}_{_ms()}",
+        from_version=version,
+        to_version=registry.aliases().get(CHAMPION, ""),
+        reason=reason,
+        actor=actor,
+    )
+    registry.withdraw_candidate(
+        version,
+        error=f"rolled back: {reason}",
+        reason=f"rolled back: {reason}",
+        actor=actor,
+        events=[rolled_back],
     )
 
 
@@ -127,17 +119,20 @@ def rollback(
             f"cannot roll back to {target}: {problem}. The champion stays "
             f"{current}; pick another version with --to"
         )
-    registry.move_alias(CHAMPION, target, expect=current, reason=f"rollback: {reason}", actor=actor)
-    registry.set_status(target, VersionStatus.CHAMPION)
-    registry.set_status(current, VersionStatus.RETIRED, error=f"rolled back: {reason}")
-    registry.emit(
-        PolicyRolledBack(
-            event_id=f"rollback_{current}_{_ms()}",
-            from_version=current,
-            to_version=target,
-            reason=reason,
-            actor=actor,
-        )
+    rolled_back = PolicyRolledBack(
+        event_id=f"rollback_{current}_{_ms()}",
+        from_version=current,
+        to_version=target,
+        reason=reason,
+        actor=actor,
+    )
+    registry.promote(
+        target,
+        expect=current,
+        reason=f"rollback: {reason}",
+        actor=actor,
+        retired_error=f"rolled back: {reason}",
+        events=[rolled_back],
     )
     return current, target
 
@@ -160,10 +155,10 @@ def apply_verdict(registry: PolicyRegistry, report: GateReport, *, canary: bool,
     if report.verdict == ERROR:
         record_report(registry, report)
         return f"{v}: the gate could not judge ({report.reason}); it stays READY and is retried"
-    if report.verdict != PASS:
-        reject(registry, report)
-        return f"{v} rejected: {report.reason}"
     try:
+        if report.verdict != PASS:
+            reject(registry, report)
+            return f"{v} rejected: {report.reason}"
         if canary:
             record_report(registry, report, canary={"started_at": time.time()})
             open_candidate(registry, v, actor=actor)
@@ -173,10 +168,8 @@ def apply_verdict(registry: PolicyRegistry, report: GateReport, *, canary: bool,
         return f"{v} passed the gate and is the champion"
     except AliasConflict as exc:
         return f"{v} passed the gate but stays READY: {exc}"
-
-
-def _clear_candidate(registry: PolicyRegistry, version: str, *, reason: str, actor: str) -> None:
-    registry.move_alias(CANDIDATE, None, expect=version, reason=reason, actor=actor)
+    except IllegalTransition as exc:
+        return f"{v}: the verdict ({report.verdict}) cannot be applied: {exc}"
 
 
 def _ms() -> int:

@@ -1,4 +1,5 @@
-"""The statistics behind release decisions: a paired eval comparison and an always-valid sequential test."""
+"""The statistics behind release decisions: a paired eval comparison, an always-valid sequential
+test, and the one Pearson correlation (guards and training metrics)."""
 
 from __future__ import annotations
 
@@ -123,3 +124,27 @@ def _normal_mixture_radius(n: float, sigma2: float, alpha: float, rho: float) ->
     """
     v = sigma2 * n
     return math.sqrt(2 * (v + rho) * math.log(math.sqrt((v + rho) / rho) / (alpha / 2))) / n
+
+
+FLAT = 1e-12
+"""A side whose variance is below this share of its mean square does not vary (rounding only)."""
+
+
+def pearson(xs: Sequence[float], ys: Sequence[float]) -> float | None:
+    """Pearson correlation; None when the lengths differ, there are fewer than 2, or a side is flat."""
+    if len(xs) != len(ys):
+        return None
+    products = (x * y for x, y in zip(xs, ys, strict=True))
+    squares_x, squares_y = (x * x for x in xs), (y * y for y in ys)
+    sums = math.fsum(xs), math.fsum(ys), math.fsum(squares_x), math.fsum(squares_y)
+    return pearson_from_sums(len(xs), *sums, math.fsum(products))
+
+
+def pearson_from_sums(
+    n: float, sx: float, sy: float, sxx: float, syy: float, sxy: float
+) -> float | None:
+    """`pearson` from sums over the pairs (count, x, y, x², y², xy), for data seen in parts."""
+    var_x, var_y = n * sxx - sx * sx, n * syy - sy * sy  # n² times the variances
+    if n < 2 or var_x <= FLAT * n * sxx or var_y <= FLAT * n * syy:
+        return None
+    return (n * sxy - sx * sy) / math.sqrt(var_x * var_y)

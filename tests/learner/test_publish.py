@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 
 from learner.policy.models import checkpoint_path
-from learner.policy.registry import CHAMPION, PolicyVersion
+from learner.policy.registry import CHAMPION, PolicyVersion, VersionStatus
 from learner.publish import (
     CheckpointWriteError,
     checkpoint_uri,
@@ -116,8 +116,24 @@ def test_a_moved_champion_is_reported_and_the_version_stays_published(store, reg
         checkpoint_kind="lora",
     )
     registry.publish(other)
-    registry.move_alias(CHAMPION, other.version, expect="v0", reason="operator", actor="ops")
+    registry.promote(other.version, expect="v0", reason="operator", actor="ops")
     registry.next_version()
     published = register(store, registry, _committed(store, tmp_path, "v2"), "test")
     assert not published.champion and "another writer" in published.conflict
     assert registry.exists("v2") and registry.resolve(CHAMPION) == "v1"
+
+
+def test_recover_finishes_a_register_the_crash_cut_short(store, registry, tmp_path):
+    registry.next_version()
+    committed = _committed(store, tmp_path)
+    register(store, registry, committed, "test", promote=False)  # crashed before the promote:
+    store.db.execute("UPDATE versions SET registered = 0")  # as if before mark_registered
+    assert registry.get("v1").status is VersionStatus.READY
+    rec = recover(store, registry, tmp_path / "checkpoints", "test")
+    assert [p.version for p in rec.registered] == ["v1"] and rec.registered[0].champion
+    assert registry.aliases() == {CHAMPION: "v1"}
+    assert registry.get("v1").status is VersionStatus.CHAMPION
+    assert registry.get("v0").status is VersionStatus.RETIRED
+    store.db.execute("UPDATE versions SET registered = 0")  # crashed after the promote
+    again = recover(store, registry, tmp_path / "checkpoints", "test")
+    assert again.registered[0].champion and registry.get("v1").status is VersionStatus.CHAMPION

@@ -7,7 +7,6 @@ from learner.samples import (
     build_training_data,
     group_key,
     sample_advantages,
-    version_number,
 )
 from tests.learner.learner_events import (
     completion_ids,
@@ -38,10 +37,6 @@ def _build(episodes, **kw):
 
 def _ep(t, *fb):
     return Episode(t, tuple(fb))
-
-
-def test_version_numbers():
-    assert [version_number(v) for v in ("v0", "v12", "champion", None)] == [0, 12, None, None]
 
 
 def test_one_sample_per_rewarded_model_step_with_logged_ids():

@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from learner.store import TRAINED, CommittedVersion, Store
+from learner.store import TRAINED, CommittedVersion, Store, chunks
 from tests.learner.learner_events import feedback, trajectory
 
 
@@ -77,3 +77,8 @@ def test_orphan_feedback_reports_whether_its_trajectory_is_known(store):
     store.settle([known.event_id], TRAINED)
     got = {e: k for e, _, k in store.orphan_feedback()}
     assert got == {late.event_id: True, orphan.event_id: False}
+
+
+def test_chunks_are_consecutive_slices_of_at_most_size():
+    assert list(chunks([1, 2, 3, 4, 5], 2)) == [[1, 2], [3, 4], [5]]
+    assert list(chunks([1, 2], 0)) == [[1], [2]] and list(chunks([], 3)) == []

@@ -212,5 +212,5 @@ def test_a_learner_round_is_gated_and_a_pass_goes_out_as_the_canary(stack, redis
     _rated_runs(client)
     learner.poll()
     assert not learner.round_due()  # one candidate at a time: rounds wait for the canary
-    registry.move_alias(CANDIDATE, None, expect=version, reason="test cleanup", actor="test")
+    registry.withdraw_candidate(version, error="test cleanup", reason="test cleanup", actor="test")
     learner.store.close()

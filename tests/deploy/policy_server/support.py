@@ -100,7 +100,9 @@ def publish(registry: PolicyRegistry, kind: str, folder: Path, *, champion: bool
     )
     registry.publish(record)
     if champion:
-        registry.move_alias(CHAMPION, version, reason="test", actor="test")
+        registry.promote(
+            version, expect=registry.aliases().get(CHAMPION), reason="test", actor="test"
+        )
     return version
 
 

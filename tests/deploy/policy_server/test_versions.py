@@ -195,7 +195,7 @@ def test_named_versions_load_on_demand_within_the_cap(redis_client, redis_url, t
         assert _ask(base, model="arloop@v0").json()["system_fingerprint"] == "v0"
         assert _health(base)["serving"] == {CHAMPION: "v0"}
         assert _ask(base, model="arloop@candidate").status_code == 404
-        registry.move_alias(CANDIDATE, names[0], reason="canary", actor="test")
+        registry.open_candidate(names[0], reason="canary", actor="test")
         _wait_for(lambda: _health(base)["serving"].get(CANDIDATE) == names[0], what="candidate")
         assert _ask(base, model="arloop@candidate").json()["system_fingerprint"] == names[0]
         assert _ask(base).json()["system_fingerprint"] == "v0"

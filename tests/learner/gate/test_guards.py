@@ -12,7 +12,6 @@ from learner.gate.guards import (
     goodhart,
     kl_to_reference,
     length_drift,
-    pearson,
     reward_disagreement,
     reward_length_corr,
     run_guards,
@@ -39,13 +38,6 @@ def test_length_drift_is_a_ratio_of_means_bounded_both_ways():
     terse = length_drift([2, 2], [10, 10], C)
     assert not terse.passed and terse.figure == pytest.approx(0.2)
     assert not length_drift([], [10], C).passed
-
-
-def test_pearson_by_hand():
-    # x = 1,2,3 y = 2,4,7: mx 2, my 13/3; sxy = (-1)(-7/3) + 0 + (1)(8/3) = 5; sxx = 2;
-    # syy = 49/9 + 1/9 + 64/9 = 114/9; r = 5 / sqrt(2 * 114/9)
-    assert pearson([1, 2, 3], [2, 4, 7]) == pytest.approx(5 / math.sqrt(2 * 114 / 9))
-    assert pearson([1, 1, 1], [1, 2, 3]) is None
 
 
 def test_reward_length_correlation_fires_when_length_is_rewarded():

@@ -139,3 +139,29 @@ def test_rollback_to_a_version_whose_checkpoint_is_gone_leaves_the_champion(regi
         rollback(registry, to=a, actor="ops", reason="x")
     assert registry.resolve(CHAMPION) == b and registry.get(b).status is VersionStatus.CHAMPION
     assert not [e for e in registry.history() if isinstance(e, PolicyRolledBack)]
+
+
+def test_a_verdict_the_table_refuses_is_reported_and_changes_nothing(registry, tmp_path):
+    before = registry.aliases(), registry.get("v0").status, len(registry.history())
+    message = apply_verdict(
+        registry, _report("v0", "reject", ["goodhart"]), canary=True, actor="l1"
+    )
+    assert message.startswith("v0: the verdict (reject) cannot be applied")
+    assert "cannot go from champion to rejected" in message
+    assert (registry.aliases(), registry.get("v0").status, len(registry.history())) == before
+
+
+def test_a_rollback_moves_the_alias_both_statuses_and_its_event_together(registry, tmp_path):
+    a = add_version(registry, tmp_path)
+    promote(registry, a, actor="ops", reason="first")
+    before = len(registry.history())
+    assert rollback(registry, actor="ops", reason="bad answers") == (a, "v0")
+    assert registry.aliases() == {CHAMPION: "v0"}
+    assert registry.get("v0").status is VersionStatus.CHAMPION
+    assert (registry.get(a).status, registry.get(a).error) == (
+        VersionStatus.RETIRED,
+        "rolled back: bad answers",
+    )
+    moved, rolled = registry.history()[before:]
+    assert (moved.alias, moved.previous, moved.version) == (CHAMPION, a, "v0")
+    assert (rolled.from_version, rolled.to_version) == (a, "v0")

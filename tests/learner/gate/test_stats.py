@@ -2,7 +2,13 @@ import math
 
 import pytest
 
-from learner.gate.stats import paired_comparison, sequential_compare, wilson
+from learner.gate.stats import (
+    paired_comparison,
+    pearson,
+    pearson_from_sums,
+    sequential_compare,
+    wilson,
+)
 
 
 def test_wilson_matches_a_worked_value():
@@ -58,3 +64,26 @@ def test_sequential_interval_shrinks_like_sqrt_log_n():
     r2 = sequential_compare([0.5] * 10000, [0.5] * 10000)
     w1, w2 = r1.ci_high - r1.ci_low, r2.ci_high - r2.ci_low
     assert 5 < w1 / w2 < 10 * math.sqrt(math.log(10000) / math.log(100))
+
+
+def test_pearson_by_hand():
+    # x = 1,2,3 y = 2,4,7: mx 2, my 13/3; sxy = (-1)(-7/3) + 0 + (1)(8/3) = 5; sxx = 2;
+    # syy = 49/9 + 1/9 + 64/9 = 114/9; r = 5 / sqrt(2 * 114/9)
+    assert pearson([1, 2, 3], [2, 4, 7]) == pytest.approx(5 / math.sqrt(2 * 114 / 9))
+    assert pearson([1, 1, 1], [1, 2, 3]) is None
+
+
+def _sums(xs, ys) -> list[float]:
+    return [len(xs), sum(xs), sum(ys), sum(x * x for x in xs), sum(y * y for y in ys)] + [
+        sum(x * y for x, y in zip(xs, ys, strict=True))
+    ]
+
+
+def test_pearson_from_parts_matches_and_flat_sides_give_none():
+    xs, ys = [0.2, 0.5, 0.9, 0.4], [0.1, 0.7, 0.8, 0.3]
+    halves = _sums(xs[:2], ys[:2]), _sums(xs[2:], ys[2:])  # as micro-batches add them up
+    total = [a + b for a, b in zip(*halves, strict=True)]
+    assert pearson_from_sums(*total) == pytest.approx(pearson(xs, ys))
+    assert pearson([0.1] * 3, [1, 2, 3]) is None  # 0.1 does not vary, whatever rounding says
+    assert pearson([1, 2], [1]) is None and pearson([1], [2]) is None
+    assert pearson_from_sums(0, 0, 0, 0, 0, 0) is None
