@@ -54,7 +54,13 @@ from tests.learner.gate.integrity_world import (
     verify,
 )
 
-BUDGET = TrainConfig(lr=5e-3, lora_rank=8, lora_alpha=16, kl_coef=0.02, micro_batch_size=16)
+# The shared budget, chosen from 7 traffic seeds (the module's seeds shifted by 1000k, k=0..6):
+# the honest run passed in all 7 with no held-out task lost, and every hack took hold (its
+# `holds` met with room: at least 14/16, 10/12, 12/12) and met its guard in all 7. At lr 1e-2
+# the honest run lost held-out claims in 2 of 5; with the answer turns trained too, skipping
+# the tool failed to take hold in 2 of 7 (the answer after a tool reads its output back, and
+# whole-run feedback on it blurs the call's credit: the demo's setting, train_after_tool off).
+BUDGET = TrainConfig(lr=7e-3, lora_rank=8, lora_alpha=16, kl_coef=0.02, micro_batch_size=16)
 EPOCHS, BATCH = 2, 32
 Feedback = Callable[[Task, TrajectoryEvent, int], list[FeedbackEvent]]
 
@@ -243,6 +249,7 @@ def run_scenario(world: World, name: str, folder: Path) -> Outcome:
             epochs=EPOCHS,
             batch_size=BATCH,
             promote=False,
+            train_after_tool=False,
             actor=name,
             max_episodes=len(world.traffic) * 3 // 4,  # the rest: held-out logged traffic (OPE)
         )
