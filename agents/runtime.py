@@ -15,6 +15,7 @@ import redis.asyncio as aioredis
 from langchain_core.messages import RemoveMessage
 
 from agents.checkpoints import make_checkpointer
+from agents.errors import ArloopError
 from agents.events import ModelStep, RunStatus, TrajectoryEvent, new_id
 from agents.memory import LongTermMemory
 from agents.policy_client import PolicyClient, PolicyConfig
@@ -64,8 +65,13 @@ class AgentSpec:
         }
 
 
-class UnknownAgent(KeyError):
-    """No agent of that name runs here."""
+class UnknownAgent(ArloopError):
+    """No agent of that name runs here (404); the reason lists those that do."""
+
+    def __init__(self, name: str, known: list[str]) -> None:
+        runs = ", ".join(known) or "none"
+        super().__init__(404, f"unknown agent {name!r}; this service runs: {runs}")
+        self.name = name
 
 
 @dataclass
@@ -147,7 +153,7 @@ class AgentRuntime:
 
     def spec(self, name: str) -> AgentSpec:
         if name not in self.agents:
-            raise UnknownAgent(name)
+            raise UnknownAgent(name, list(self.agents))
         return self.agents[name].spec
 
     async def run(

@@ -15,6 +15,7 @@ from contextlib import asynccontextmanager
 from fastapi import APIRouter, FastAPI, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from agents.errors import ArloopError
 from agents.events import FeedbackKind
 from agents.feedback_intake import FeedbackSubmission
 from agents.feedback_tokens import issue
@@ -22,7 +23,7 @@ from agents.policy_client import warm_up
 from agents.runtime import AgentSpec
 from agents.trajectory_sink import Scrub
 from deploy.agent_api.deps import ApiKey, ServicesDep
-from deploy.agent_api.errors import ApiError, install_error_handlers
+from deploy.agent_api.errors import install_error_handlers
 from deploy.agent_api.limits import BodySizeLimit
 from deploy.agent_api.metrics import ApiMetrics
 from deploy.agent_api.schemas import (
@@ -64,7 +65,7 @@ async def run_agent(agent: str, body: RunRequest, services: ServicesDep, _: ApiK
     settings = services.settings
     services.runtime.spec(agent)
     if len(body.input) > settings.max_input_chars:
-        raise ApiError(
+        raise ArloopError(
             413,
             f"input has {len(body.input)} characters; the limit is "
             f"{settings.max_input_chars} (ARLOOP_MAX_INPUT_CHARS)",
@@ -99,7 +100,8 @@ async def feedback(body: FeedbackRequest, services: ServicesDep, _: ApiKey) -> F
     try:
         event_id = await services.intake.accept(FeedbackSubmission(**body.model_dump()))
     except Exception as exc:  # counted, then answered by the error handlers
-        services.metrics.feedback.labels(kind, str(getattr(exc, "status", "error"))).inc()
+        outcome = str(exc.status) if isinstance(exc, ArloopError) else "error"
+        services.metrics.feedback.labels(kind, outcome).inc()
         raise
     services.metrics.feedback.labels(kind, "accepted").inc()
     return FeedbackAccepted(event_id=event_id)

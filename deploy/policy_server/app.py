@@ -24,12 +24,14 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.background import BackgroundTask
 
+from agents.errors import ArloopError
 from deploy.policy_server.engine import FinishEvent, GenerationEngine, Row
 from deploy.policy_server.metrics import PolicyMetrics
 from deploy.policy_server.openai_wire import (
-    ApiError,
     ChatRequest,
+    OpenAIError,
     completion_body,
+    error_body,
     error_param,
     prepare,
     target_of,
@@ -131,7 +133,7 @@ async def chat_completions(req: ChatRequest, request: Request):
         run.close()
     failed = [f for f in finishes if f.finish_reason == "error"]
     if failed:
-        raise ApiError(500, f"generation failed: {failed[0].error}", code="generation_error")
+        raise OpenAIError(500, f"generation failed: {failed[0].error}", code="generation_error")
     return completion_body(
         req,
         request_id=request_id,
@@ -224,7 +226,7 @@ async def _stream(req: ChatRequest, run: _Run, rid: str):
                     yield writer.chunk([delta])
                 continue
             if ev.finish_reason == "error":
-                yield sse(ApiError(500, f"generation failed: {ev.error}").body())
+                yield sse(error_body(OpenAIError(500, f"generation failed: {ev.error}")))
                 break
             for delta in choices[ev.index].on_finish(ev):
                 yield writer.chunk([delta])
@@ -248,37 +250,41 @@ async def _lease(st: ServerState, target: str) -> LoadedPolicy:
     try:
         return await asyncio.to_thread(st.versions.acquire, target)
     except UnknownVersion:
-        raise ApiError(
+        raise OpenAIError(
             404,
             f"version {target!r} does not exist in the policy registry",
             param="model",
             code="model_not_found",
         ) from None
     except VersionUnavailable as exc:
-        raise ApiError(404, str(exc), param="model", code="model_not_found") from None
+        raise OpenAIError(404, str(exc), param="model", code="model_not_found") from None
+
+
+def _answer(exc: ArloopError) -> JSONResponse:
+    return JSONResponse(error_body(exc), status_code=exc.status, headers=exc.headers())
 
 
 def _install_errors(app: FastAPI) -> None:
-    @app.exception_handler(ApiError)
-    async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
-        return JSONResponse(exc.body(), status_code=exc.status)
+    """One handler for ArloopError, in OpenAI's shape; invalid bodies and crashes in it too."""
+
+    @app.exception_handler(ArloopError)
+    async def _arloop_error(request: Request, exc: ArloopError) -> JSONResponse:
+        return _answer(exc)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         errors = exc.errors()
         if any(e.get("type") == "json_invalid" for e in errors):
-            body = ApiError(400, "the request body is not valid JSON", param="body").body()
-            return JSONResponse(body, status_code=400)
+            return _answer(OpenAIError(400, "the request body is not valid JSON", param="body"))
         first = max(errors, key=lambda e: len(e.get("loc", ())))  # the deepest: most specific
         param = error_param(tuple(first.get("loc", ())))
         message = f"invalid request: {param}: {first.get('msg', 'invalid value')}"
-        return JSONResponse(ApiError(400, message, param=param).body(), status_code=400)
+        return _answer(OpenAIError(400, message, param=param))
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unexpected error on %s", request.url.path)
-        body = ApiError(500, f"internal error: {type(exc).__name__}: {exc}").body()
-        return JSONResponse(body, status_code=500)
+        return _answer(OpenAIError(500, f"internal error: {type(exc).__name__}: {exc}"))
 
 
 class _CountRequests:
