@@ -164,11 +164,13 @@ class AgentRuntime:
         thread_id: str | None = None,
         metadata: dict[str, str] | None = None,
         arm: str | None = None,
+        trajectory_id: str | None = None,
     ) -> TrajectoryEvent:
         """Run `agent` on the thread, sink the trajectory, return it (unscrubbed).
 
         `arm` pins the policy for this run (`v3`, `candidate`) instead of the thread's arm:
-        eval runs compare versions this way.
+        eval runs compare versions this way. `trajectory_id` is minted when not given (the
+        agent API mints it first, so the run's log lines carry it).
         """
         self.spec(agent)
         entry = self.agents[agent]
@@ -187,6 +189,8 @@ class AgentRuntime:
             await self._release(lease)
             raise
         event = self._trajectory(entry, ctx, state, lease, text, started, metadata or {})
+        if trajectory_id:
+            event = event.model_copy(update={"event_id": trajectory_id})
         # Independent round trips, overlapped: the XADD still lands before we answer.
         await asyncio.gather(self.sink.write(event), self._release(lease))
         return event

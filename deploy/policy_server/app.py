@@ -25,6 +25,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.background import BackgroundTask
 
 from agents.errors import ArloopError
+from deploy.logs import bind, setup_logging
 from deploy.policy_server.engine import FinishEvent, GenerationEngine, Row
 from deploy.policy_server.metrics import PolicyMetrics
 from deploy.policy_server.openai_wire import (
@@ -111,7 +112,10 @@ def create_app(
 async def chat_completions(req: ChatRequest, request: Request):
     """OpenAI's chat completions; `stream: true` answers with server-sent events."""
     st: ServerState = request.app.state.policy
+    request_id = f"chatcmpl-{secrets.token_hex(12)}"
+    bind(trace=request_id)
     policy = await _lease(st, target_of(req.model, st.settings.served_name))
+    bind(version=policy.version)
     try:
         prompt_ids, params = prepare(req, policy.tokenizer, policy.context, st.settings)
     except BaseException:
@@ -119,7 +123,6 @@ async def chat_completions(req: ChatRequest, request: Request):
         raise
     st.metrics.prompt_tokens.inc(len(prompt_ids))
     run = _Run(st, policy, prompt_ids, params, stream=req.stream)
-    request_id = f"chatcmpl-{secrets.token_hex(12)}"
     if req.stream:
         # close() runs when the stream ends, and again (a no-op) after the response: a client
         # that leaves before the first chunk never starts the generator, so never runs its finally.
@@ -317,9 +320,7 @@ def serve() -> None:
     from deploy.embedded_redis import ensure_redis
 
     settings = PolicyServerSettings()
-    logging.basicConfig(
-        level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s"
-    )
+    setup_logging("policy_server", settings.log_level, settings.log_format)
     url = ensure_redis(settings.redis_url, settings.data_dir)
     settings = settings.model_copy(update={"redis_url": url})
     log.info(
@@ -335,6 +336,7 @@ def serve() -> None:
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level.lower(),
+        log_config=None,  # uvicorn's lines, access lines too, go through setup_logging's handler
     )
 
 
