@@ -28,7 +28,7 @@ class Unauthorized(ArloopError):
         return {"WWW-Authenticate": "Bearer"}
 
 
-def answer(request: Request, exc: ArloopError) -> JSONResponse:
+def _answer(request: Request, exc: ArloopError) -> JSONResponse:
     """The response for an error, counted by status."""
     services = getattr(request.app.state, "services", None)
     if services is not None:
@@ -41,10 +41,10 @@ def install_error_handlers(app: FastAPI) -> None:
     async def arloop_error(request: Request, exc: ArloopError) -> JSONResponse:
         if exc.status >= 500:  # a fault on our side (the policy endpoint): the operator's to see
             log.warning("%d on %s: %s", exc.status, request.url.path, exc.reason)
-        return answer(request, exc)
+        return _answer(request, exc)
 
     @app.exception_handler(redis.RedisError)
     async def redis_down(request: Request, exc: redis.RedisError) -> JSONResponse:
         log.warning("redis failed: %s: %s", type(exc).__name__, exc)
         reason = f"Redis is unavailable ({type(exc).__name__}); retry shortly"
-        return answer(request, ArloopError(503, reason, retry_after=1))
+        return _answer(request, ArloopError(503, reason, retry_after=1))
