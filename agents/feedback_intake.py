@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import redis.asyncio as aioredis
 
+from agents.errors import ArloopError
 from agents.events import (
     FEEDBACK_SEEN_PREFIX,
     RATE_PREFIX,
@@ -47,14 +48,8 @@ return {'ok', id}
 """
 
 
-class FeedbackRejected(Exception):
+class FeedbackRejected(ArloopError):
     """Feedback not accepted; `status` is the HTTP answer (401/403/409/422/429)."""
-
-    def __init__(self, status: int, reason: str, retry_after: int | None = None) -> None:
-        super().__init__(reason)
-        self.status = status
-        self.reason = reason
-        self.retry_after = retry_after
 
 
 @dataclass(frozen=True)
@@ -134,16 +129,18 @@ class FeedbackIntake:
         args = [self.rate_per_minute, 120, marker_ttl, event.event_id, *fields]
         status, detail = (_str(v) for v in await self._accept(keys=keys, args=args))
         if status == "rate":
+            wait = max(1, 60 - int(now) % 60)
             raise FeedbackRejected(
                 429,
-                f"too much feedback from this user: {self.rate_per_minute} per minute",
-                retry_after=max(1, 60 - int(now) % 60),
+                f"too much feedback from this user: {self.rate_per_minute} per minute; "
+                f"retry in {wait} s",
+                retry_after=wait,
             )
         if status == "dup":
             raise FeedbackRejected(
                 409,
                 f"{event.kind.value} feedback on this trajectory was already accepted "
-                f"(event_id {detail})",
+                f"(event_id {detail}); each kind is taken once per trajectory",
             )
         return event.event_id
 

@@ -9,14 +9,11 @@ import json
 import time
 from dataclasses import dataclass
 
+from agents.errors import ArloopError
 
-class TokenError(ValueError):
+
+class TokenError(ArloopError):
     """A token that cannot be accepted; `status` is 401 (not valid) or 403 (not yours)."""
-
-    def __init__(self, status: int, reason: str) -> None:
-        super().__init__(reason)
-        self.status = status
-        self.reason = reason
 
 
 @dataclass(frozen=True)
@@ -51,18 +48,24 @@ def verify(secret: str, token: str | None, *, now: float | None = None) -> Token
         raise TokenError(401, "feedback_token is missing: send the token the run returned")
     claims = _decode(secret, token)
     if claims is None:
-        raise TokenError(401, "feedback_token is not valid (altered or not issued by this service)")
+        raise TokenError(
+            401,
+            "feedback_token is not valid (altered or not issued by this service); "
+            "send the token the run returned, unchanged",
+        )
     if claims.expires_at < (time.time() if now is None else now):
-        raise TokenError(401, "feedback_token has expired")
+        raise TokenError(401, "feedback_token has expired: feedback on this run is closed")
     return claims
 
 
 def check_scope(claims: TokenClaims, trajectory_id: str, user_id: str | None) -> None:
     """TokenError(403) when the token is for another trajectory or another user."""
     if claims.trajectory_id != trajectory_id:
-        raise TokenError(403, "feedback_token belongs to another trajectory")
+        raise TokenError(
+            403, "feedback_token belongs to another trajectory: send the one its run returned"
+        )
     if user_id is not None and user_id != claims.user_id:
-        raise TokenError(403, "feedback_token belongs to another user")
+        raise TokenError(403, "feedback_token belongs to another user: only they can rate this run")
 
 
 def _decode(secret: str, token: str) -> TokenClaims | None:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
+from agents.errors import ArloopError
 from agents.events import ModelStep, ToolCallRequest
 
 
@@ -31,13 +32,8 @@ class PolicyConfig:
     """Sampling seed sent with every call (reproducible sampled runs in tests and benchmarks)."""
 
 
-class PolicyError(RuntimeError):
+class PolicyError(ArloopError):
     """The model endpoint failed; `status` is the HTTP status the API answers (502 or 504)."""
-
-    def __init__(self, status: int, reason: str) -> None:
-        super().__init__(reason)
-        self.status = status
-        self.reason = reason
 
 
 @cache

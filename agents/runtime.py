@@ -15,6 +15,7 @@ import redis.asyncio as aioredis
 from langchain_core.messages import RemoveMessage
 
 from agents.checkpoints import make_checkpointer
+from agents.errors import ArloopError
 from agents.events import ModelStep, RunStatus, TrajectoryEvent, new_id
 from agents.memory import LongTermMemory
 from agents.policy_client import PolicyClient, PolicyConfig
@@ -64,8 +65,13 @@ class AgentSpec:
         }
 
 
-class UnknownAgent(KeyError):
-    """No agent of that name runs here."""
+class UnknownAgent(ArloopError):
+    """No agent of that name runs here (404); the reason lists those that do."""
+
+    def __init__(self, name: str, known: list[str]) -> None:
+        runs = ", ".join(known) or "none"
+        super().__init__(404, f"unknown agent {name!r}; this service runs: {runs}")
+        self.name = name
 
 
 @dataclass
@@ -147,7 +153,7 @@ class AgentRuntime:
 
     def spec(self, name: str) -> AgentSpec:
         if name not in self.agents:
-            raise UnknownAgent(name)
+            raise UnknownAgent(name, list(self.agents))
         return self.agents[name].spec
 
     async def run(
@@ -158,11 +164,13 @@ class AgentRuntime:
         thread_id: str | None = None,
         metadata: dict[str, str] | None = None,
         arm: str | None = None,
+        trajectory_id: str | None = None,
     ) -> TrajectoryEvent:
         """Run `agent` on the thread, sink the trajectory, return it (unscrubbed).
 
         `arm` pins the policy for this run (`v3`, `candidate`) instead of the thread's arm:
-        eval runs compare versions this way.
+        eval runs compare versions this way. `trajectory_id` is minted when not given (the
+        agent API mints it first, so the run's log lines carry it).
         """
         self.spec(agent)
         entry = self.agents[agent]
@@ -181,6 +189,8 @@ class AgentRuntime:
             await self._release(lease)
             raise
         event = self._trajectory(entry, ctx, state, lease, text, started, metadata or {})
+        if trajectory_id:
+            event = event.model_copy(update={"event_id": trajectory_id})
         # Independent round trips, overlapped: the XADD still lands before we answer.
         await asyncio.gather(self.sink.write(event), self._release(lease))
         return event

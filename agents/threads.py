@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import redis.asyncio as aioredis
 
+from agents.errors import ArloopError
 from agents.events import POLICY_ALIASES, THREAD_PREFIX
 
 CHAMPION, CANDIDATE = "champion", "candidate"
@@ -46,13 +47,8 @@ return 0
 """
 
 
-class ThreadError(Exception):
+class ThreadError(ArloopError):
     """A thread cannot be used by this request; `status` is the HTTP answer (403/409)."""
-
-    def __init__(self, status: int, reason: str) -> None:
-        super().__init__(reason)
-        self.status = status
-        self.reason = reason
 
 
 @dataclass(frozen=True)
@@ -106,11 +102,19 @@ class Threads:
             _str(v) for v in await self._open(keys=[key, f"{key}:lock", POLICY_ALIASES], args=args)
         )
         if first == "forbidden":
-            raise ThreadError(403, f"thread {thread_id!r} belongs to another user")
+            raise ThreadError(
+                403, f"thread {thread_id!r} belongs to another user; omit thread_id for a new one"
+            )
         if first == "agent":
-            raise ThreadError(409, f"thread {thread_id!r} belongs to agent {second!r}")
+            raise ThreadError(
+                409,
+                f"thread {thread_id!r} belongs to agent {second!r}; run that agent on it, "
+                "or omit thread_id to start a new thread",
+            )
         if first == "busy":
-            raise ThreadError(409, f"thread {thread_id!r} is running another request; retry")
+            raise ThreadError(
+                409, f"thread {thread_id!r} is running another request; retry once it has answered"
+            )
         return ThreadLease(thread_id, first, second == "1", token)
 
     async def release(self, lease: ThreadLease) -> None:

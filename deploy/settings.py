@@ -23,6 +23,8 @@ class CommonSettings(BaseSettings):
     data_dir: Path = Path(".arloop")
     """Where the embedded Redis, the learner's store, checkpoints and reports live."""
     log_level: str = "INFO"
+    log_format: Literal["json", "text"] = "json"
+    """Log lines as JSON objects (`json`, for collectors) or plain `text` for people."""
 
 
 class AgentApiSettings(CommonSettings):

@@ -15,14 +15,15 @@ from contextlib import asynccontextmanager
 from fastapi import APIRouter, FastAPI, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from agents.events import FeedbackKind
+from agents.errors import ArloopError
+from agents.events import FeedbackKind, new_id
 from agents.feedback_intake import FeedbackSubmission
 from agents.feedback_tokens import issue
 from agents.policy_client import warm_up
 from agents.runtime import AgentSpec
 from agents.trajectory_sink import Scrub
 from deploy.agent_api.deps import ApiKey, ServicesDep
-from deploy.agent_api.errors import ApiError, install_error_handlers
+from deploy.agent_api.errors import install_error_handlers
 from deploy.agent_api.limits import BodySizeLimit
 from deploy.agent_api.metrics import ApiMetrics
 from deploy.agent_api.schemas import (
@@ -34,6 +35,7 @@ from deploy.agent_api.schemas import (
 )
 from deploy.agent_api.services import open_services, phi_scrubber
 from deploy.embedded_redis import ensure_redis
+from deploy.logs import bind, setup_logging
 from deploy.settings import AgentApiSettings
 
 log = logging.getLogger(__name__)
@@ -62,18 +64,30 @@ async def list_agents(services: ServicesDep, _: ApiKey) -> AgentList:
 async def run_agent(agent: str, body: RunRequest, services: ServicesDep, _: ApiKey) -> RunResponse:
     """Run an agent on a new or existing thread; the answer carries a feedback token."""
     settings = services.settings
+    trajectory_id = new_id("traj")
+    bind(trace=trajectory_id)
     services.runtime.spec(agent)
     if len(body.input) > settings.max_input_chars:
-        raise ApiError(
+        raise ArloopError(
             413,
             f"input has {len(body.input)} characters; the limit is "
             f"{settings.max_input_chars} (ARLOOP_MAX_INPUT_CHARS)",
         )
     await services.limiter.hit("runs", body.user_id, settings.run_rate_per_minute)
     event = await services.runtime.run(
-        agent, body.input, body.user_id, body.thread_id, body.metadata
+        agent, body.input, body.user_id, body.thread_id, body.metadata, trajectory_id=trajectory_id
     )
+    bind(version=event.policy_version)
     services.metrics.observe_run(event)
+    log.info(  # ids and counts only: input and output are user text
+        "run of %s on thread %s: %s, %d model and %d tool calls, %.0f ms",
+        agent,
+        event.thread_id,
+        event.status.value,
+        len(event.model_steps),
+        len(event.tool_steps),
+        (event.finished_at - event.started_at) * 1000,
+    )
     token = issue(
         settings.secret_key,
         event.trajectory_id,
@@ -95,11 +109,13 @@ async def run_agent(agent: str, body: RunRequest, services: ServicesDep, _: ApiK
 @router.post("/v1/feedback", status_code=202, response_model=FeedbackAccepted)
 async def feedback(body: FeedbackRequest, services: ServicesDep, _: ApiKey) -> FeedbackAccepted:
     """Accept feedback on a trajectory, with the token its run returned."""
+    bind(trace=body.trajectory_id)
     kind = body.kind if body.kind in FeedbackKind.__members__.values() else "invalid"
     try:
         event_id = await services.intake.accept(FeedbackSubmission(**body.model_dump()))
     except Exception as exc:  # counted, then answered by the error handlers
-        services.metrics.feedback.labels(kind, str(getattr(exc, "status", "error"))).inc()
+        outcome = str(exc.status) if isinstance(exc, ArloopError) else "error"
+        services.metrics.feedback.labels(kind, outcome).inc()
         raise
     services.metrics.feedback.labels(kind, "accepted").inc()
     return FeedbackAccepted(event_id=event_id)
@@ -149,7 +165,7 @@ def serve() -> None:
     import uvicorn
 
     settings = AgentApiSettings()
-    logging.basicConfig(level=settings.log_level.upper())
+    setup_logging("agent_api", settings.log_level, settings.log_format)
     url = ensure_redis(settings.redis_url, settings.data_dir)
     app = create_app(settings.model_copy(update={"redis_url": url}))
     # uvloop + httptools roughly doubled an ingest endpoint's rate here; both are optional.
@@ -161,5 +177,6 @@ def serve() -> None:
         log_level=settings.log_level.lower(),
         loop="uvloop" if fast else "auto",
         http="httptools" if fast else "auto",
-        access_log=False,
+        log_config=None,  # uvicorn's lines go through setup_logging's handler
+        access_log=False,  # a line per run instead: an access line per feedback costs ingest rate
     )

@@ -8,7 +8,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from deploy.agent_api.errors import ApiError
+from deploy.agent_api.errors import Unauthorized
 from deploy.agent_api.services import Services
 
 _bearer = HTTPBearer(auto_error=False, description="One of ARLOOP_API_KEYS.")
@@ -27,12 +27,11 @@ async def require_api_key(
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> str:
     """The caller's API key; 401 when it is missing or unknown."""
-    challenge = {"WWW-Authenticate": "Bearer"}
     if credentials is None:
-        raise ApiError(401, "missing header 'Authorization: Bearer <api key>'", challenge)
+        raise Unauthorized("missing header 'Authorization: Bearer <api key>'")
     sent = credentials.credentials.encode()
     if not any(hmac.compare_digest(sent, k.encode()) for k in services.settings.api_keys):
-        raise ApiError(401, "unknown API key", challenge)
+        raise Unauthorized("unknown API key")
     return credentials.credentials
 
 

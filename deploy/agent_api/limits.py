@@ -8,6 +8,7 @@ import time
 
 import redis.asyncio as aioredis
 
+from agents.errors import ArloopError
 from agents.events import RATE_PREFIX
 
 
@@ -60,13 +61,11 @@ def _replay(body: bytes, receive):
     return replay
 
 
-class RateLimited(Exception):
-    """Over the limit; `retry_after` seconds until the next window."""
+class RateLimited(ArloopError):
+    """Over the limit (429); `retry_after` seconds until the next window."""
 
     def __init__(self, reason: str, retry_after: int) -> None:
-        super().__init__(reason)
-        self.reason = reason
-        self.retry_after = retry_after
+        super().__init__(429, reason, retry_after)
 
 
 class RateLimiter:
@@ -82,7 +81,9 @@ class RateLimiter:
         async with self.client.pipeline(transaction=False) as pipe:
             count, _ = await pipe.incr(key).expire(key, 120).execute()
         if count > per_minute:
+            wait = max(1, 60 - int(now) % 60)
             raise RateLimited(
-                f"too many {scope} for user {user_id!r}: the limit is {per_minute} per minute",
-                retry_after=max(1, 60 - int(now) % 60),
+                f"too many {scope} for user {user_id!r}: the limit is {per_minute} per minute; "
+                f"retry in {wait} s",
+                retry_after=wait,
             )

@@ -78,6 +78,7 @@ class Stack:
             "ARLOOP_REDIS_URL": self.redis.url,
             "ARLOOP_DATA_DIR": str(self.data_dir),
             "ARLOOP_LOG_LEVEL": "WARNING",
+            "ARLOOP_LOG_FORMAT": "text",  # the demo's log files are read by people
         }
         ports = {"policy": self.policy_port, "agents": self.agents_port}
         commands = {

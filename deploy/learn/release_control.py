@@ -16,6 +16,7 @@ import time
 from rich.console import Console
 
 from deploy.learn.suite_runner import gate_runner
+from deploy.logs import log_context
 from deploy.settings import LearnerSettings
 from learner.gate import canary
 from learner.gate.eval_gate import ERROR
@@ -80,6 +81,10 @@ class ReleaseControl:
         return None
 
     def _gate(self, version: str) -> None:
+        with log_context(version=version):  # the gate's lines, its eval runs' too, name it
+            self._gate_now(version)
+
+    def _gate_now(self, version: str) -> None:
         self.console.print(f"gating {version} against the champion ...")
         try:
             report = self.gate.evaluate(version)

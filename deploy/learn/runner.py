@@ -308,12 +308,13 @@ def main(once: bool = False) -> int:
     """Entry point of `arloop learn`: settings from ARLOOP_*, errors as messages, exit code."""
     from pydantic import ValidationError
 
+    from deploy.logs import setup_logging
     from learner.policy.models import ModelNotFound
 
     console = Console(soft_wrap=True)  # one line per round, also in a log file
     try:
         settings = LearnerSettings()
-        logging.basicConfig(level=settings.log_level.upper())
+        setup_logging("learner", settings.log_level, settings.log_format)
         return Learner(settings, console).run(once=once)
     except ValidationError as exc:
         console.print(f"[red]arloop learn: invalid ARLOOP_* setting:[/]\n{exc}")

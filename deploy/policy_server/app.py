@@ -24,12 +24,15 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.background import BackgroundTask
 
+from agents.errors import ArloopError
+from deploy.logs import bind, setup_logging
 from deploy.policy_server.engine import FinishEvent, GenerationEngine, Row
 from deploy.policy_server.metrics import PolicyMetrics
 from deploy.policy_server.openai_wire import (
-    ApiError,
     ChatRequest,
+    OpenAIError,
     completion_body,
+    error_body,
     error_param,
     prepare,
     target_of,
@@ -109,7 +112,10 @@ def create_app(
 async def chat_completions(req: ChatRequest, request: Request):
     """OpenAI's chat completions; `stream: true` answers with server-sent events."""
     st: ServerState = request.app.state.policy
+    request_id = f"chatcmpl-{secrets.token_hex(12)}"
+    bind(trace=request_id)
     policy = await _lease(st, target_of(req.model, st.settings.served_name))
+    bind(version=policy.version)
     try:
         prompt_ids, params = prepare(req, policy.tokenizer, policy.context, st.settings)
     except BaseException:
@@ -117,7 +123,6 @@ async def chat_completions(req: ChatRequest, request: Request):
         raise
     st.metrics.prompt_tokens.inc(len(prompt_ids))
     run = _Run(st, policy, prompt_ids, params, stream=req.stream)
-    request_id = f"chatcmpl-{secrets.token_hex(12)}"
     if req.stream:
         # close() runs when the stream ends, and again (a no-op) after the response: a client
         # that leaves before the first chunk never starts the generator, so never runs its finally.
@@ -131,7 +136,7 @@ async def chat_completions(req: ChatRequest, request: Request):
         run.close()
     failed = [f for f in finishes if f.finish_reason == "error"]
     if failed:
-        raise ApiError(500, f"generation failed: {failed[0].error}", code="generation_error")
+        raise OpenAIError(500, f"generation failed: {failed[0].error}", code="generation_error")
     return completion_body(
         req,
         request_id=request_id,
@@ -224,7 +229,7 @@ async def _stream(req: ChatRequest, run: _Run, rid: str):
                     yield writer.chunk([delta])
                 continue
             if ev.finish_reason == "error":
-                yield sse(ApiError(500, f"generation failed: {ev.error}").body())
+                yield sse(error_body(OpenAIError(500, f"generation failed: {ev.error}")))
                 break
             for delta in choices[ev.index].on_finish(ev):
                 yield writer.chunk([delta])
@@ -248,37 +253,41 @@ async def _lease(st: ServerState, target: str) -> LoadedPolicy:
     try:
         return await asyncio.to_thread(st.versions.acquire, target)
     except UnknownVersion:
-        raise ApiError(
+        raise OpenAIError(
             404,
             f"version {target!r} does not exist in the policy registry",
             param="model",
             code="model_not_found",
         ) from None
     except VersionUnavailable as exc:
-        raise ApiError(404, str(exc), param="model", code="model_not_found") from None
+        raise OpenAIError(404, str(exc), param="model", code="model_not_found") from None
+
+
+def _answer(exc: ArloopError) -> JSONResponse:
+    return JSONResponse(error_body(exc), status_code=exc.status, headers=exc.headers())
 
 
 def _install_errors(app: FastAPI) -> None:
-    @app.exception_handler(ApiError)
-    async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
-        return JSONResponse(exc.body(), status_code=exc.status)
+    """One handler for ArloopError, in OpenAI's shape; invalid bodies and crashes in it too."""
+
+    @app.exception_handler(ArloopError)
+    async def _arloop_error(request: Request, exc: ArloopError) -> JSONResponse:
+        return _answer(exc)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         errors = exc.errors()
         if any(e.get("type") == "json_invalid" for e in errors):
-            body = ApiError(400, "the request body is not valid JSON", param="body").body()
-            return JSONResponse(body, status_code=400)
+            return _answer(OpenAIError(400, "the request body is not valid JSON", param="body"))
         first = max(errors, key=lambda e: len(e.get("loc", ())))  # the deepest: most specific
         param = error_param(tuple(first.get("loc", ())))
         message = f"invalid request: {param}: {first.get('msg', 'invalid value')}"
-        return JSONResponse(ApiError(400, message, param=param).body(), status_code=400)
+        return _answer(OpenAIError(400, message, param=param))
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unexpected error on %s", request.url.path)
-        body = ApiError(500, f"internal error: {type(exc).__name__}: {exc}").body()
-        return JSONResponse(body, status_code=500)
+        return _answer(OpenAIError(500, f"internal error: {type(exc).__name__}: {exc}"))
 
 
 class _CountRequests:
@@ -311,9 +320,7 @@ def serve() -> None:
     from deploy.embedded_redis import ensure_redis
 
     settings = PolicyServerSettings()
-    logging.basicConfig(
-        level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s"
-    )
+    setup_logging("policy_server", settings.log_level, settings.log_format)
     url = ensure_redis(settings.redis_url, settings.data_dir)
     settings = settings.model_copy(update={"redis_url": url})
     log.info(
@@ -329,6 +336,7 @@ def serve() -> None:
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level.lower(),
+        log_config=None,  # uvicorn's lines, access lines too, go through setup_logging's handler
     )
 
 

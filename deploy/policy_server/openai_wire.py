@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from agents.errors import ArloopError
 from deploy.policy_server.engine import FinishEvent, SamplingParams
 from deploy.settings import PolicyServerSettings
 from learner.policy.chat_format import (
@@ -22,20 +23,21 @@ from learner.policy.registry import CHAMPION
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 
 
-class ApiError(Exception):
-    """An error answered in OpenAI's shape: {"error": {message, type, param, code}}."""
+class OpenAIError(ArloopError):
+    """An ArloopError with OpenAI's `param` (the request field at fault) and `code`."""
 
     def __init__(
-        self, status: int, message: str, *, param: str | None = None, code: str | None = None
+        self, status: int, reason: str, *, param: str | None = None, code: str | None = None
     ) -> None:
-        super().__init__(message)
-        self.status, self.message, self.param, self.code = status, message, param, code
+        super().__init__(status, reason)
+        self.param, self.code = param, code
 
-    def body(self) -> dict[str, Any]:
-        kind = "invalid_request_error" if self.status < 500 else "server_error"
-        return {
-            "error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}
-        }
+
+def error_body(exc: ArloopError) -> dict[str, Any]:
+    """Any ArloopError in OpenAI's shape: {"error": {message, type, param, code}}."""
+    kind = "invalid_request_error" if exc.status < 500 else "server_error"
+    param, code = getattr(exc, "param", None), getattr(exc, "code", None)
+    return {"error": {"message": exc.reason, "type": kind, "param": param, "code": code}}
 
 
 class TextPart(BaseModel):
@@ -246,7 +248,7 @@ def target_of(model: str, served: str) -> str:
     """The alias or version a model string names: `arloop` -> champion, `arloop@v3` -> v3."""
     name, _, which = model.partition("@")
     if name != served or (model.endswith("@") and not which):
-        raise ApiError(
+        raise OpenAIError(
             404,
             f"model {model!r} does not exist; this server serves {served!r}, "
             f"'{served}@candidate' and '{served}@v<N>'",
@@ -265,9 +267,9 @@ def prepare(
     vLLM does); unset means "up to the cap".
     """
     if req.top_logprobs and not req.logprobs:
-        raise ApiError(400, "top_logprobs requires logprobs: true", param="top_logprobs")
+        raise OpenAIError(400, "top_logprobs requires logprobs: true", param="top_logprobs")
     if req.n > settings.max_n:
-        raise ApiError(
+        raise OpenAIError(
             400,
             f"n is {req.n}; this server samples at most {settings.max_n} choices per request",
             param="n",
@@ -276,10 +278,10 @@ def prepare(
     try:
         prompt_ids = prompt_token_ids(tokenizer, req.plain_messages(), req.plain_tools(), fmt)
     except ChatFormatError as exc:
-        raise ApiError(400, str(exc), param=exc.param) from None
+        raise OpenAIError(400, str(exc), param=exc.param) from None
     room = context - len(prompt_ids)
     if room < 1:
-        raise ApiError(
+        raise OpenAIError(
             400,
             f"the prompt is {len(prompt_ids)} tokens; this model's context is {context} tokens "
             "(prompt plus completion)",

@@ -64,8 +64,12 @@ def start_api(redis_url, llm):
     """Start agent API instances (stopped after the test) on the test Redis and scripted model."""
     started: list[Api] = []
 
-    def start(*, specs="test", scrubber=None, rng=None, **overrides) -> Api:
-        """`specs=None` serves the configured packs; the default serves `api_specs()`."""
+    def start(*, specs="test", scrubber=None, rng=None, extend=None, server=None, **overrides):
+        """`specs=None` serves the configured packs; the default serves `api_specs()`.
+
+        `extend(app)` runs before the server starts (a test route); `server` holds uvicorn
+        options (see ServerThread); `overrides` are AgentApiSettings fields.
+        """
         base = {
             "redis_url": redis_url,
             "policy_api_base": llm.base_url,
@@ -84,9 +88,11 @@ def start_api(redis_url, llm):
             scrubber=scrubber,
             rng=rng or random.Random(0),
         )
-        server = ServerThread(app).start()
+        if extend is not None:
+            extend(app)
+        thread = ServerThread(app, **(server or {})).start()
         headers = {"Authorization": f"Bearer {API_KEY}"}
-        api = Api(server, httpx.Client(base_url=server.url, headers=headers, timeout=30), settings)
+        api = Api(thread, httpx.Client(base_url=thread.url, headers=headers, timeout=30), settings)
         started.append(api)
         return api
 

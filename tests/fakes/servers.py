@@ -12,19 +12,21 @@ from deploy.embedded_redis import free_port
 
 
 class ServerThread:
-    """`with ServerThread(app) as s: httpx.get(s.url + ...)`; stops the server on exit."""
+    """`with ServerThread(app) as s: httpx.get(s.url + ...)`; stops the server on exit.
 
-    def __init__(self, app, port: int | None = None) -> None:
+    `options` override uvicorn's settings (`log_config=None` leaves logging to setup_logging).
+    """
+
+    def __init__(self, app, port: int | None = None, **options) -> None:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        defaults = {"log_level": "warning", "lifespan": "on", "loop": "asyncio"}
         config = uvicorn.Config(
             app,
             host="127.0.0.1",
             port=self.port,
-            log_level="warning",
-            lifespan="on",
-            loop="asyncio",
             timeout_graceful_shutdown=2,
+            **(defaults | options),
         )
         self.server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self.server.run, daemon=True)

@@ -9,8 +9,15 @@ import httpx
 import pytest
 import redis
 
+from agents.errors import ArloopError
 from agents.events import STREAM_FEEDBACK, STREAM_TRAJECTORIES
-from agents.feedback_tokens import TokenClaims, issue, sign
+from agents.feedback_intake import FeedbackRejected
+from agents.feedback_tokens import TokenClaims, TokenError, issue, sign
+from agents.policy_client import PolicyError
+from agents.runtime import UnknownAgent
+from agents.threads import ThreadError
+from deploy.agent_api.errors import Unauthorized
+from deploy.agent_api.limits import RateLimited
 from deploy.embedded_redis import free_port, start_redis
 from tests.fakes.api import SECRET
 from tests.fakes.scripted_llm import Reply
@@ -220,3 +227,45 @@ def test_redis_outage_is_503_and_the_service_recovers(start_api, llm, tmp_path):
 def test_no_500_for_junk_paths_and_methods(api):
     assert api.http.get("/v1/agents/tutor/runs").status_code == 405
     assert api.http.post("/v1/nothing").status_code == 404
+
+
+ERRORS = [
+    (TokenError(401, "feedback_token has expired"), 401, {}),
+    (TokenError(403, "feedback_token belongs to another user"), 403, {}),
+    (ThreadError(409, "thread 'th1' is running another request"), 409, {}),
+    (FeedbackRejected(422, "rating takes a value from 1 to 5"), 422, {}),
+    (FeedbackRejected(429, "too much feedback", retry_after=7), 429, {"retry-after": "7"}),
+    (RateLimited("too many runs", retry_after=30), 429, {"retry-after": "30"}),
+    (UnknownAgent("oracle", ["tutor"]), 404, {}),
+    (PolicyError(504, "policy endpoint timed out after 5 s"), 504, {}),
+    (Unauthorized("unknown API key"), 401, {"www-authenticate": "Bearer"}),
+    (ArloopError(413, "input is over the limit", retry_after=None), 413, {}),
+]
+
+
+@pytest.mark.parametrize(
+    "error, status, headers", ERRORS, ids=[f"{type(e).__name__}-{s}" for e, s, _ in ERRORS]
+)
+def test_one_handler_answers_every_arloop_error(start_api, llm, error, status, headers):
+    async def fail():
+        raise error
+
+    api = start_api(extend=lambda app: app.add_api_route("/test/fail", fail))
+    reply = api.http.get("/test/fail")
+    assert (reply.status_code, reply.json()) == (status, {"detail": error.reason})
+    assert {k: reply.headers.get(k) for k in headers} == headers
+    if not headers:
+        assert "retry-after" not in reply.headers
+    assert f'arloop_http_errors_total{{status="{status}"}} 1.0' in api.http.get("/metrics").text
+
+
+def test_every_arloop_error_of_the_agent_api_has_a_case():
+    def subclasses(cls: type) -> set[type]:
+        return {s for c in cls.__subclasses__() for s in {c, *subclasses(c)}}
+
+    served_here = {
+        c
+        for c in subclasses(ArloopError)
+        if c.__module__.startswith(("agents.", "deploy.agent_api"))
+    }
+    assert served_here <= {type(e) for e, _, _ in ERRORS}

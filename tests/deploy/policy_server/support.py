@@ -33,14 +33,15 @@ def tiny_settings(redis_url: str, **overrides) -> PolicyServerSettings:
 
 
 @contextmanager
-def running_server(settings: PolicyServerSettings, **app_kwargs) -> Iterator[str]:
+def running_server(
+    settings: PolicyServerSettings, *, uvicorn_options: dict | None = None, **app_kwargs
+) -> Iterator[str]:
     """uvicorn serving `create_app(settings)` in a thread; yields the `/v1` base URL."""
     config = uvicorn.Config(
         create_app(settings, **app_kwargs),
         host="127.0.0.1",
         port=settings.port,
-        log_level="warning",
-        lifespan="on",
+        **({"log_level": "warning", "lifespan": "on"} | (uvicorn_options or {})),
     )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)

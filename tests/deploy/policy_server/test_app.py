@@ -10,7 +10,8 @@ import pytest
 import redis
 import torch
 
-from deploy.policy_server.openai_wire import ChatRequest
+from agents.errors import ArloopError
+from deploy.policy_server.openai_wire import ChatRequest, OpenAIError, error_body
 from learner.logprobs import completion_logprobs
 from learner.policy.chat_format import prompt_token_ids
 from learner.policy.models import load_base
@@ -329,6 +330,18 @@ def test_body_that_is_not_json_is_a_400(server):
         f"{server}/chat/completions", content=b"{nope", headers={"content-type": "application/json"}
     )
     assert r.status_code == 400 and r.json()["error"]["param"] == "body"
+
+
+def test_any_arloop_error_has_openai_shape():
+    assert error_body(ArloopError(503, "registry down", retry_after=2)) == {
+        "error": {"message": "registry down", "type": "server_error", "param": None, "code": None}
+    }
+    named = error_body(OpenAIError(404, "no v9", param="model", code="model_not_found"))["error"]
+    assert (named["type"], named["param"], named["code"]) == (
+        "invalid_request_error",
+        "model",
+        "model_not_found",
+    )
 
 
 def test_sdk_raises_the_matching_errors(oai):
