@@ -16,7 +16,6 @@ import json
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
 
 import torch
 
@@ -27,10 +26,9 @@ from learner.advantages import (
     rloo_advantages,
     running_baseline_advantages,
 )
+from learner.config import Baseline
 from learner.episodes import Episode
 from learner.rewards import EpisodeReward, normalise
-
-Baseline = Literal["rloo", "running"]
 
 
 @dataclass

@@ -13,6 +13,7 @@ import pytest
 import redis
 
 from deploy.embedded_redis import RedisProcess, start_redis
+from tests.model_cache import model_cache  # noqa: F401 - autouse: a private model cache
 
 
 @pytest.fixture(scope="session")

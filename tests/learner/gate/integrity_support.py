@@ -34,10 +34,11 @@ from agents.runtime import AgentRuntime
 from agents.threads import Threads
 from agents.trajectory_sink import TrajectorySink
 from deploy.learn.suite_runner import GateRunner, SuiteRunner
+from learner.config import RoundConfig
 from learner.gate.eval_gate import GateConfig, GateReport
 from learner.gate.evidence import answer_tokens
 from learner.policy.registry import PolicyRegistry
-from learner.rounds import RoundConfig, run_round
+from learner.rounds import RoundPlan, run_round
 from learner.store import Store
 from learner.train_step import TrainConfig
 from learner.trajectory_source import TrajectorySource
@@ -52,8 +53,11 @@ from tests.learner.gate.integrity_world import (
     teller,
     verify,
 )
+from tests.model_cache import MODEL_CACHE
 
-BUDGET = TrainConfig(lr=1e-2, lora_rank=8, lora_alpha=16, kl_coef=0.02, micro_batch_size=16)
+BUDGET = TrainConfig(
+    learning_rate=1e-2, lora_rank=8, lora_alpha=16, kl_coef=0.02, micro_batch_size=16
+)
 EPOCHS, BATCH = 2, 32
 Feedback = Callable[[Task, TrajectoryEvent, int], list[FeedbackEvent]]
 
@@ -180,7 +184,7 @@ class Scenario:
 
     @property
     def train(self) -> TrainConfig:
-        return replace(BUDGET, lr=BUDGET.lr * self.lr_scale)
+        return BUDGET.model_copy(update={"learning_rate": BUDGET.learning_rate * self.lr_scale})
 
 
 SCENARIOS: dict[str, Scenario] = {
@@ -213,20 +217,22 @@ def run_scenario(world: World, name: str, folder: Path) -> Outcome:
     store = Store(folder / name / "store.db")
     try:
         _ingest(world.client, store)
-        config = RoundConfig(
-            base_model=world.base,
+        config = RoundPlan(
             checkpoints_dir=folder / name / "checkpoints",
+            model_cache=MODEL_CACHE,
             train=spec.train,
-            epochs=EPOCHS,
-            batch_size=BATCH,
+            round=RoundConfig(
+                epochs=EPOCHS,
+                batch_size=BATCH,
+                max_episodes=len(world.traffic) * 3 // 4,  # the rest: held-out logged traffic (OPE)
+            ),
             promote=False,
             actor=name,
-            max_episodes=len(world.traffic) * 3 // 4,  # the rest: held-out logged traffic (OPE)
         )
         result = run_round(store, world.registry, config)
-        report = GateRunner(world.registry, world.suites, GateConfig(), store=store).evaluate(
-            result.version
-        )
+        report = GateRunner(
+            world.registry, world.suites, GateConfig(), store=store, model_cache=MODEL_CACHE
+        ).evaluate(result.version)
     finally:
         store.close()
     _, runs = world.suites.run(result.version)
