@@ -36,6 +36,7 @@ transformers.logging.disable_progress_bar()
 
 import torch
 
+from deploy.settings import ModelSettings
 from learner.advantages import group_advantages
 from learner.logprobs import make_batch, selected_logprobs
 from learner.lora import attach_lora
@@ -43,7 +44,11 @@ from learner.policy.models import load_base
 from learner.samples import Sample
 from learner.train_step import PolicyTrainer, TrainConfig
 
-CONFIG = TrainConfig(lr=1e-5, kl_coef=0.02, clip_eps=0.2, micro_batch_size=8, max_grad_norm=1.0)
+MODEL_CACHE = ModelSettings().model_cache  # ARLOOP_MODEL_CACHE, as the processes read it
+
+CONFIG = TrainConfig(
+    learning_rate=1e-5, kl_coef=0.02, clip_eps=0.2, micro_batch_size=8, max_grad_norm=1.0
+)
 QUESTIONS = [
     "What is 17 times 23? Show your steps.",
     "Explain photosynthesis to a ten-year-old.",
@@ -66,7 +71,7 @@ QUESTIONS = [
 
 def synthesise(n_episodes: int, group: int, random_tokens: bool, seed: int = 0) -> list[Sample]:
     """Logged episodes: chat prompts, completions sampled from SmolLM2, their logprobs, rewards."""
-    model, tok = load_base("smollm2")
+    model, tok = load_base("smollm2", cache_dir=MODEL_CACHE)
     g = torch.Generator().manual_seed(seed)
     prompts = [
         tok.apply_chat_template(
@@ -149,7 +154,7 @@ def _teacher_logprobs(model, prompts, completions, size: int = 8) -> list[list[f
 
 def fresh_policy():
     """SmolLM2 with the LoRA adapter every method starts from (same seed, same weights)."""
-    model, _ = load_base("smollm2")
+    model, _ = load_base("smollm2", cache_dir=MODEL_CACHE)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(CONFIG.seed)
         return attach_lora(
@@ -175,7 +180,7 @@ def lora_state(model) -> dict[str, torch.Tensor]:
 def plain_update(model, samples: list[Sample], pad_id: int) -> float:
     """The same update written as a plain torch loop (full logits, input order, no extras)."""
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=CONFIG.lr)
+    opt = torch.optim.AdamW(params, lr=CONFIG.learning_rate)
     total = sum(len(s.completion_ids) for s in samples)
     model.train()
     loss_sum = 0.0
@@ -265,7 +270,7 @@ def trl_update(samples: list[Sample], pad_id: int, tokenizer) -> tuple[float, fl
         steps_per_generation=len(samples) // CONFIG.micro_batch_size,
         num_generations=group,
         max_steps=1,
-        learning_rate=CONFIG.lr,
+        learning_rate=CONFIG.learning_rate,
         lr_scheduler_type="constant",
         max_grad_norm=CONFIG.max_grad_norm,
         beta=CONFIG.kl_coef,
@@ -285,7 +290,7 @@ def trl_update(samples: list[Sample], pad_id: int, tokenizer) -> tuple[float, fl
         dataloader_num_workers=0,
         disable_tqdm=True,
     )
-    model, _ = load_base("smollm2")
+    model, _ = load_base("smollm2", cache_dir=MODEL_CACHE)
     peft_config = LoraConfig(
         r=CONFIG.lora_rank,
         lora_alpha=CONFIG.lora_alpha,
@@ -363,7 +368,7 @@ def main() -> None:
         torch.set_num_threads(a.threads)
     t0 = time.perf_counter()
     samples = synthesise(a.episodes, a.group, a.random)
-    _, tokenizer = load_base("smollm2")
+    _, tokenizer = load_base("smollm2", cache_dir=MODEL_CACHE)
     pad = tokenizer.pad_token_id
     tokens = sum(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
     comp = sum(len(s.completion_ids) for s in samples)
@@ -381,7 +386,7 @@ def main() -> None:
     loss = plain_update(policy, samples, pad)
     rows["plain torch loop"] = (time.perf_counter() - t, loss, lora_state(policy))
 
-    trainer = PolicyTrainer(load_base("smollm2")[0], pad, CONFIG)
+    trainer = PolicyTrainer(load_base("smollm2", cache_dir=MODEL_CACHE)[0], pad, CONFIG)
     t = time.perf_counter()
     metrics = trainer.step(samples, current_version=1)
     rows["arloop PolicyTrainer.step"] = (

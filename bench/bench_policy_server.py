@@ -27,9 +27,12 @@ import redis
 import torch
 
 from deploy.embedded_redis import free_port, start_redis
+from deploy.settings import ModelSettings
 from learner.policy.chat_format import prompt_token_ids
 from learner.policy.models import load_base
 from learner.policy.registry import CHAMPION, PolicyRegistry, PolicyVersion
+
+MODEL_CACHE = ModelSettings().model_cache  # ARLOOP_MODEL_CACHE, as the processes read it
 
 QUESTIONS = [
     "Explain photosynthesis to a ten-year-old.",
@@ -125,7 +128,7 @@ def start_server(
 
 def make_checkpoint(kind: str, folder: Path) -> None:
     """A small perturbation of SmolLM2: a LoRA adapter or a full checkpoint."""
-    model, tok = load_base("smollm2")
+    model, tok = load_base("smollm2", cache_dir=MODEL_CACHE)
     if kind == "lora":
         from peft import LoraConfig, get_peft_model
 
@@ -178,7 +181,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     work = Path(tempfile.mkdtemp(prefix="arloop-bench-"))
     redis_proc = start_redis(work / "redis")
-    model, tok = load_base("smollm2")
+    model, tok = load_base("smollm2", cache_dir=MODEL_CACHE)
     print(
         f"SmolLM2-135M-Instruct, CPU fp32, torch threads {torch.get_num_threads()}, "
         f"{len(QUESTIONS)} prompts, greedy, max_tokens {args.max_tokens}"

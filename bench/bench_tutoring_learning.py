@@ -11,7 +11,7 @@ v0 and v1 through the real agent graph, greedily, on the held-out problems. Stud
 (5% of judgements flipped), 10% stay silent (those runs are not trained on), and some send a
 correction (a DPO pair): their signal is richer in kind but poorer in count than TRL's. As in
 the demo, the learner trains the turn before the calculator's output (the call line) with each
-rated run's reward (`ARLOOP_TRAIN_AFTER_TOOL=false`), one optimiser update per 8 of them, all
+rated run's reward (`ARLOOP_ROUND__TRAIN_AFTER_TOOL=false`), one optimiser update per 8 of them, all
 sampled from v0 before the round; TRL samples each step's 8 from its current policy.
 
 TRL: `GRPOTrainer` on prompts rendered exactly as the tutor's first model call (system prompt,
@@ -75,6 +75,7 @@ from agents.run_context import to_openai
 from deploy.demo import run as demo
 from deploy.demo.report import eval_outcomes
 from deploy.demo.rounds import round_tasks
+from deploy.settings import ModelSettings
 from learner.gate.stats import PairedComparison, paired_comparison, wilson
 from learner.policy.chat_format import LINE, parse_tool_calls, prompt_token_ids, render_prompt
 from learner.policy.models import apply_lora, load_base
@@ -83,8 +84,10 @@ from tools.base import ToolError
 from tools.calculator import calculate
 from tools.registry import ToolRegistry
 
-LORA = TrainConfig()  # arloop's adapter shape (the learner's settings keep these defaults)
-MICRO_BATCH = 8  # the demo's ARLOOP_MICRO_BATCH_SIZE: completions per optimiser update
+MODEL_CACHE = ModelSettings().model_cache  # ARLOOP_MODEL_CACHE, as the processes read it
+
+LORA = TrainConfig()  # arloop's adapter shape: the defaults LearnerSettings nests
+MICRO_BATCH = 8  # the demo's ARLOOP_TRAIN__MICRO_BATCH_SIZE: completions per optimiser update
 TUTOR = tutor()
 TOOLS = [t.spec() for t in TUTOR.tools]
 REGISTRY = ToolRegistry(TUTOR.tools)
@@ -206,7 +209,7 @@ def trl_arm(opts: demo.DemoOptions, train: list[Task], tokenizer) -> tuple[torch
         target_modules=list(LORA.lora_targets),
         task_type="CAUSAL_LM",
     )
-    model, _ = load_base(opts.model)
+    model, _ = load_base(opts.model, cache_dir=MODEL_CACHE)
     trainer = GRPOTrainer(
         model=model,
         reward_funcs=reward,
@@ -409,13 +412,15 @@ def main() -> None:
     report, gate, arloop_s = arloop_arm(opts) if a.reuse is None else (None, {}, 0.0)
     data_dir = a.reuse or opts.data_dir
     v1_row = next((r for r in report.versions if r.version == "v1"), None) if report else None
-    _, tokenizer = load_base(opts.model)
+    _, tokenizer = load_base(opts.model, cache_dir=MODEL_CACHE)
     trl_model, trl = trl_arm(opts, train, tokenizer)
 
     t = time.perf_counter()
     policies = {
-        "base (v0)": load_base(opts.model)[0],
-        "arloop v1": apply_lora(load_base(opts.model)[0], data_dir / "checkpoints/v1"),
+        "base (v0)": load_base(opts.model, cache_dir=MODEL_CACHE)[0],
+        "arloop v1": apply_lora(
+            load_base(opts.model, cache_dir=MODEL_CACHE)[0], data_dir / "checkpoints/v1"
+        ),
         "TRL GRPO": trl_model,
     }
     runs = {k: held_out(m.eval(), tokenizer, evals, opts.max_tokens) for k, m in policies.items()}

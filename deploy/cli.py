@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
@@ -29,22 +30,37 @@ app.add_typer(serve_app, name="serve")
 app.add_typer(policy_app, name="policy")
 
 
+def _serve(command: str, serve: Callable[[], None], *refused: type[Exception]) -> None:
+    """Run a server; a bad setting (or a `refused` error) is a message and exit 2, no traceback."""
+    from pydantic import ValidationError
+    from pydantic_settings import SettingsError
+
+    try:
+        serve()
+    except (ValidationError, SettingsError, *refused) as exc:
+        typer.echo(f"arloop {command}: {exc}", err=True)
+        raise typer.Exit(2) from None
+
+
 @serve_app.command("agents")
 def serve_agents() -> None:
     """Serve the agent API (ARLOOP_HOST, ARLOOP_PORT, ARLOOP_API_KEYS, ARLOOP_SECRET_KEY,
-    ARLOOP_POLICY_API_BASE, ARLOOP_POLICY_MODEL, ARLOOP_REDIS_URL)."""
+    ARLOOP_PACKS, ARLOOP_POLICY_API_BASE, ARLOOP_POLICY_MODEL, ARLOOP_CANARY_SHARE,
+    ARLOOP_REDIS_URL; all in deploy/settings.py AgentApiSettings)."""
+    from agents.packs import PackNotFound
     from deploy.agent_api.app import serve
 
-    serve()
+    _serve("serve agents", serve, PackNotFound)
 
 
 @serve_app.command("policy")
 def serve_policy() -> None:
-    """Serve the policy over an OpenAI-compatible API (ARLOOP_BASE_MODEL, ARLOOP_PORT,
-    ARLOOP_REDIS_URL); follows the registry's champion and hot-reloads new versions."""
+    """Serve the policy over an OpenAI-compatible API (ARLOOP_BASE_MODEL, ARLOOP_MODEL_CACHE,
+    ARLOOP_PORT, ARLOOP_TOOL_FORMAT, ARLOOP_REDIS_URL; all in deploy/settings.py
+    PolicyServerSettings); follows the registry's champion and hot-reloads new versions."""
     from deploy.policy_server.app import serve
 
-    serve()
+    _serve("serve policy", serve)
 
 
 @app.command("learn")
@@ -54,9 +70,11 @@ def learn(
     ),
 ) -> None:
     """Learn from trajectories and feedback in Redis and publish new policy versions
-    (ARLOOP_BASE_MODEL, ARLOOP_MIN_EPISODES, ARLOOP_ROUND_INTERVAL_S, ARLOOP_FEEDBACK_WINDOW_S,
-    ARLOOP_SILENCE_REWARD, ARLOOP_FULL_FINETUNE, ARLOOP_LEARNING_RATE, ARLOOP_DATA_DIR,
-    ARLOOP_REDIS_URL; all in deploy/settings.py LearnerSettings). Stops cleanly on Ctrl-C."""
+    (ARLOOP_BASE_MODEL, ARLOOP_MIN_EPISODES, ARLOOP_ROUND_INTERVAL_S,
+    ARLOOP_ROUND__FEEDBACK_WINDOW_S, ARLOOP_ROUND__SILENCE_REWARD, ARLOOP_TRAIN__LEARNING_RATE,
+    ARLOOP_TRAIN__FULL_FINETUNE, ARLOOP_EVAL_PACKS, ARLOOP_GUARDS__*, ARLOOP_CANARY__*,
+    ARLOOP_DATA_DIR, ARLOOP_REDIS_URL; all in deploy/learn/settings.py LearnerSettings, the
+    nested ones in the config models it names). Stops cleanly on Ctrl-C."""
     from deploy.learn.runner import main
 
     raise typer.Exit(main(once=once))
@@ -107,13 +125,13 @@ def eval_gate(
         False,
         "--apply",
         help="Act on the verdict as the learner does: reject, or open the canary "
-        "(promote with ARLOOP_CANARY=false).",
+        "(promote with ARLOOP_CANARY__ENABLED=false).",
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
 ) -> None:
     """Run the eval gate: the packs' held-out suites (ARLOOP_EVAL_PACKS) through the agents
-    against the policy server (ARLOOP_POLICY_API_BASE), plus the guards and the off-policy
-    estimate. Exit 0 pass, 1 reject, 2 error."""
+    against the policy server (ARLOOP_POLICY_API_BASE), plus the guards (ARLOOP_GUARDS__*)
+    and the off-policy estimate (ARLOOP_GATE__*). Exit 0 pass, 1 reject, 2 error."""
     from deploy.commands import main
 
     raise typer.Exit(main("eval", version=version, against=against, apply=apply, as_json=as_json))

@@ -15,11 +15,12 @@ from typing import Any
 
 import redis
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from agents.events import PolicyAliasMoved, PolicyPublished, PolicyRejected, PolicyRolledBack
 from deploy.embedded_redis import RedisUnavailable, ensure_redis
-from deploy.settings import LearnerSettings
+from deploy.learn.settings import LearnerSettings
 from learner.gate.release import ReleaseError, end_canary, promote, rollback
 from learner.policy.registry import (
     CANDIDATE,
@@ -143,7 +144,9 @@ def run_eval(
             store.close()
     console.print(json.dumps(report.to_dict(), indent=2) if as_json else report.summary())
     if apply:
-        console.print(apply_verdict(registry, report, canary=settings.canary, actor=actor()))
+        console.print(
+            apply_verdict(registry, report, canary=settings.canary.enabled, actor=actor())
+        )
     return {PASS: OK, ERROR: CANNOT}.get(report.verdict, REFUSED)
 
 
@@ -188,6 +191,7 @@ def _cannot(console: Console, exc: Exception) -> int:
 def main(command: str, **kwargs: Any) -> int:
     """Settings, console and error messages around one command; returns the exit code."""
     from pydantic import ValidationError
+    from pydantic_settings import SettingsError
 
     console = Console(soft_wrap=True)
     try:
@@ -199,8 +203,8 @@ def main(command: str, **kwargs: Any) -> int:
             "eval": run_eval,
         }
         return handlers[command](settings, console, **kwargs)
-    except ValidationError as exc:
-        console.print(f"[red]invalid ARLOOP_* setting:[/]\n{exc}")
+    except (ValidationError, SettingsError) as exc:
+        console.print(f"[red]invalid ARLOOP_* setting:[/]\n{escape(str(exc))}")
     except (RedisUnavailable, redis.ConnectionError) as exc:
         console.print(f"[red]cannot reach Redis:[/] {exc} (set ARLOOP_REDIS_URL)")
     return CANNOT

@@ -1,20 +1,43 @@
-"""One settings class per process, read from `ARLOOP_*` environment variables and `.env`."""
+"""One settings class per process, read from `ARLOOP_*` environment variables and `.env`.
+
+Each knob is declared once, with its docstring: here, or in the config model it belongs to.
+The learner's models nest inside `LearnerSettings` (`deploy/learn/settings.py`, apart so that
+the serving processes never import the learner) and are set with `__` between the parts
+(`ARLOOP_TRAIN__LEARNING_RATE=1e-4`, `ARLOOP_GUARDS__MAX_KL=0.3`, or a whole model as JSON:
+`ARLOOP_CANARY='{"enabled": false}'`). The policy endpoint (`ARLOOP_POLICY_*`) is one
+declaration shared by the agent API and the learner's eval runs, with one method that builds
+the policy client's configuration. A variable renamed since an earlier version is refused
+with its new name, never silently ignored (a class's `renamed` table).
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import Field, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, ValidationError, model_validator
+from pydantic_core import InitErrorDetails, PydanticCustomError
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from agents.policy_client import PolicyConfig
 
 DEV_SECRET = "arloop-development-secret-do-not-use-in-production"
+DEV_API_KEY = "dev-key"
+PREFIX = "ARLOOP_"
 
 
 class CommonSettings(BaseSettings):
     """What every arloop process shares."""
 
-    model_config = SettingsConfigDict(env_prefix="ARLOOP_", env_file=".env", extra="ignore")
+    model_config = SettingsConfigDict(
+        env_prefix=PREFIX,
+        env_file=".env",
+        extra="ignore",
+        env_nested_delimiter="__",
+        use_attribute_docstrings=True,
+    )
+    renamed: ClassVar[dict[str, str]] = {}
+    """Old variable -> what to set instead; setting an old one is an error naming the new."""
 
     env: Literal["development", "production"] = "development"
     """`production` refuses default secrets and open API keys."""
@@ -23,42 +46,110 @@ class CommonSettings(BaseSettings):
     data_dir: Path = Path(".arloop")
     """Where the embedded Redis, the learner's store, checkpoints and reports live."""
     log_level: str = "INFO"
+    """Python logging level of the process (DEBUG, INFO, WARNING, ...)."""
     log_format: Literal["json", "text"] = "json"
     """Log lines as JSON objects (`json`, for collectors) or plain `text` for people."""
 
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        _refuse_renamed(settings_cls, env_settings, dotenv_settings)
+        return init_settings, env_settings, dotenv_settings, file_secret_settings
 
-class AgentApiSettings(CommonSettings):
-    """`arloop serve agents`: the agent API."""
 
-    host: str = "127.0.0.1"
-    port: int = 8000
-    api_keys: list[str] = Field(default_factory=lambda: ["dev-key"])
-    """Bearer keys clients must send; JSON list in the environment: '["k1","k2"]'."""
-    secret_key: str = DEV_SECRET
-    """Signs feedback tokens (HMAC-SHA256). Must be set outside development."""
+def _refuse_renamed(settings_cls: type[BaseSettings], *sources: PydanticBaseSettingsSource) -> None:
+    """A ValidationError naming the new variable for each old one set in the environment or `.env`."""
+    errors: list[InitErrorDetails] = []
+    for old, new in getattr(settings_cls, "renamed", {}).items():
+        for source in sources:
+            value = getattr(source, "env_vars", {}).get(old.lower())  # keys are lower-cased
+            field = old.removeprefix(PREFIX).lower()
+            if value is None or (field in settings_cls.model_fields and value.startswith("{")):
+                continue  # unset, or the new nested model given whole, as JSON
+            message = PydanticCustomError(
+                "renamed_setting", "{old} is no longer read: set {new}", {"old": old, "new": new}
+            )
+            errors.append(InitErrorDetails(type=message, loc=(old,), input=value))
+            break
+    if errors:
+        raise ValidationError.from_exception_data(settings_cls.__name__, errors)
+
+
+class PolicyEndpointSettings(CommonSettings):
+    """The OpenAI-compatible endpoint agents call through litellm (the agent API, and the
+    learner's eval runs); `policy_config()` is how the process calls it."""
+
     policy_api_base: str = "http://127.0.0.1:8001/v1"
-    """OpenAI-compatible endpoint the agents call through litellm."""
+    """OpenAI-compatible endpoint the agents call through litellm (the learner's eval runs need
+    arloop's own policy server: they pin versions, `arloop@v3`)."""
     policy_model: str = "openai/arloop"
     """Any litellm model string; `openai/<name>` for an OpenAI-compatible endpoint."""
     policy_api_key: str = "none"
+    """API key sent to the policy endpoint (arloop's policy server ignores it)."""
+    policy_timeout_s: float = Field(60.0, gt=0.0)
+    """Seconds one model call may take before it fails (504 on the agent API)."""
+
+    def policy_config(self) -> PolicyConfig:
+        """The policy client's configuration: this endpoint, called as this process calls it."""
+        return PolicyConfig(
+            model=self.policy_model,
+            api_base=self.policy_api_base,
+            api_key=self.policy_api_key,
+            timeout_s=self.policy_timeout_s,
+            **self._policy_calls(),
+        )
+
+    def _policy_calls(self) -> dict[str, Any]:
+        """The process's own call knobs (retries, versions, sampling) for `policy_config`."""
+        return {}
+
+
+class ModelSettings(CommonSettings):
+    """The base model, for the processes that load one (policy server, learner)."""
+
+    base_model: str = "smollm2"
+    """`smollm2` (bundled SmolLM2-135M-Instruct), a Hugging Face id or path, or `tiny` (tests)."""
+    model_cache: Path = Path.home() / ".cache" / "arloop"
+    """Where `smollm2` is converted to safetensors and `tiny` built, once per cache."""
+
+
+class AgentApiSettings(PolicyEndpointSettings):
+    """`arloop serve agents`: the agent API."""
+
+    host: str = "127.0.0.1"
+    """Interface the agent API listens on."""
+    port: int = 8000
+    """Port the agent API listens on."""
+    api_keys: list[str] = Field(default_factory=lambda: [DEV_API_KEY])
+    """Bearer keys clients must send; JSON list in the environment: '["k1","k2"]'."""
+    secret_key: str = DEV_SECRET
+    """Signs feedback tokens (HMAC-SHA256). Must be set outside development."""
+    policy_retries: int = Field(2, ge=0)
+    """Retries of a model call on connection errors, timeouts, 429 and 5xx (with backoff)."""
     policy_versioned: bool = True
     """Route by policy version (`<model>@champion`, `@candidate`): needs arloop's policy server."""
-    policy_timeout_s: float = 60.0
-    policy_retries: int = 2
-    canary_share: float = Field(0.10, ge=0.0, le=1.0)
-    """Share of new threads sent to the `candidate` version while one exists."""
-    max_input_chars: int = 8000
-    feedback_token_ttl_s: int = 7 * 24 * 3600
-    feedback_rate_per_minute: int = 60
-    """Feedback events one user may send per minute before 429."""
-    run_rate_per_minute: int = 120
-    """Runs one user may start per minute before 429."""
-    packs: list[str] = Field(default_factory=lambda: ["tutoring", "medical"])
-    """Agent packs to serve."""
     policy_temperature: float | None = None
     """Sampling temperature sent to the policy; unset leaves the endpoint's default."""
     policy_max_tokens: int | None = 512
     """Completion tokens per model call."""
+    canary_share: float = Field(0.10, ge=0.0, le=1.0)
+    """Share of new threads sent to the `candidate` version while one exists."""
+    packs: list[str] = Field(default_factory=lambda: ["tutoring", "medical"])
+    """Agent packs to serve: built-in names, or `module:attr` for a team's own `Pack`."""
+    max_input_chars: int = 8000
+    """Longest user input a run accepts (422 above)."""
+    feedback_token_ttl_s: int = 7 * 24 * 3600
+    """How long a run's feedback token stays valid."""
+    feedback_rate_per_minute: int = 60
+    """Feedback events one user may send per minute before 429."""
+    run_rate_per_minute: int = 120
+    """Runs one user may start per minute before 429."""
     max_body_bytes: int = 256 * 1024
     """Request bodies above this size are refused with 413 before they are parsed."""
     scrub_phi: bool = True
@@ -75,6 +166,14 @@ class AgentApiSettings(CommonSettings):
     redis_timeout_s: float = 5.0
     """Socket timeout for Redis; a Redis that does not answer in time is a 503."""
 
+    def _policy_calls(self) -> dict[str, Any]:
+        return {
+            "retries": self.policy_retries,
+            "versioned": self.policy_versioned,
+            "temperature": self.policy_temperature,
+            "max_tokens": self.policy_max_tokens,
+        }
+
     @model_validator(mode="after")
     def _no_default_secrets_in_production(self) -> AgentApiSettings:
         if self.env == "production":
@@ -83,27 +182,33 @@ class AgentApiSettings(CommonSettings):
                     "ARLOOP_SECRET_KEY must be set to a random string of 32+ characters in "
                     "production (e.g. `python -c 'import secrets; print(secrets.token_hex(32))'`)"
                 )
-            if "dev-key" in self.api_keys:
-                raise ValueError("ARLOOP_API_KEYS still holds the development key 'dev-key'")
+            if DEV_API_KEY in self.api_keys:
+                raise ValueError(
+                    f"ARLOOP_API_KEYS still holds the development key {DEV_API_KEY!r}: set it to "
+                    "your clients' own keys in production, e.g. ARLOOP_API_KEYS='[\"<random>\"]'"
+                )
         return self
 
 
-class PolicyServerSettings(CommonSettings):
+class PolicyServerSettings(ModelSettings):
     """`arloop serve policy`: the embedded OpenAI-compatible policy server."""
 
     host: str = "127.0.0.1"
+    """Interface the policy server listens on."""
     port: int = 8001
-    base_model: str = "smollm2"
-    """`smollm2` (bundled SmolLM2-135M-Instruct), a Hugging Face id or path, or `tiny` (tests)."""
+    """Port the policy server listens on."""
     served_name: str = "arloop"
     """The model name clients use: `arloop`, `arloop@champion`, `arloop@v3`."""
     max_tokens_cap: int = 1024
+    """Most completion tokens one choice may ask for (`max_tokens` above is cut to this)."""
     max_batch_size: int = 8
+    """Most sequences in one batched forward pass."""
     batch_window_ms: float = 5.0
     """How long the batcher waits for more requests before a forward pass."""
     reload_poll_s: float = 5.0
     """Registry check interval, besides pub/sub notifications."""
     device: str = "cpu"
+    """torch device the models run on (`cpu`, `cuda`, `cuda:1`)."""
     threads: int | None = None
     """torch threads; unset keeps torch's default."""
     max_loaded_versions: int = Field(4, ge=1)
@@ -118,108 +223,3 @@ class PolicyServerSettings(CommonSettings):
     """How tools and tool calls are written in the prompt: `hermes` (`<tool_call>{json}`), or
     `line` (`CALL calculator: 2+3`, which SmolLM2-135M follows where it cannot write Hermes);
     `auto` is `line` for the bundled `smollm2`, `hermes` for any other model."""
-
-
-class LearnerSettings(CommonSettings):
-    """`arloop learn`: the learner process."""
-
-    base_model: str = "smollm2"
-    consumer: str = "learner-1"
-    feedback_window_s: float = 600.0
-    """How long a trajectory waits for feedback before it is judged on what it has."""
-    silence_reward: float | None = None
-    """Reward for a trajectory that got no feedback at all; None leaves it out of training."""
-    train_after_tool: bool = True
-    """Train model turns written after a tool's output with whole-run feedback. False: only
-    turns before the first tool output learn from it (feedback naming a turn still trains that
-    turn), for agents whose last turn reads the tool's result back."""
-    min_episodes: int = 32
-    """Start a round when this many trainable episodes are waiting."""
-    round_interval_s: float = 600.0
-    """Or when this long has passed since the last round (if any episode waits)."""
-    full_finetune: bool = False
-    learning_rate: float = 1e-4
-    lora_rank: int = 16
-    lora_alpha: int = 32
-    micro_batch_size: int = 8
-    grad_accum_steps: int = 1
-    epochs: int = 1
-    clip_eps: float = 0.2
-    kl_coef: float = 0.02
-    max_user_reward_share: float = Field(0.2, gt=0.0, le=1.0)
-    """No user's feedback may carry more than this share of a batch's reward mass."""
-    max_deliveries: int = 5
-    """Deliveries after which a stream entry goes to the dead-letter stream."""
-    claim_idle_ms: int = 60_000
-    """Pending entries idle this long are reclaimed from a dead consumer."""
-    baseline: Literal["rloo", "running"] = "rloo"
-    """Baseline for samples with no prompt group: leave-one-out over the batch, or a running mean."""
-    normalise_rewards: bool = True
-    """Divide a round's rewards by their standard deviation before the advantages."""
-    dpo_beta: float = 0.1
-    """DPO temperature for correction pairs."""
-    max_episodes_per_round: int = 1024
-    """At most this many episodes in one round (the oldest first); the rest wait for the next."""
-    read_count: int = 256
-    """Stream entries read per XREADGROUP, per stream."""
-    read_block_ms: int = 1000
-    """How long a read waits for new entries when the streams are idle."""
-    trim_interval_s: float = 60.0
-    """How often the streams are trimmed below what every consumer group has acknowledged."""
-
-    # -- release control: eval gate, guards, off-policy estimate, canary --------------------
-    eval_packs: list[str] = Field(default_factory=list)
-    """Packs whose held-out eval suites gate every new version (JSON list: '["tutoring"]').
-    Empty: no gate is configured and each round's version becomes champion directly."""
-    policy_api_base: str = "http://127.0.0.1:8001/v1"
-    """The policy server the gate's eval runs call (arloop's own: versions are pinned `@vN`)."""
-    policy_model: str = "openai/arloop"
-    policy_api_key: str = "none"
-    policy_timeout_s: float = 60.0
-    eval_temperature: float = Field(0.0, ge=0.0, le=2.0)
-    """Sampling temperature of eval runs; 0 (greedy) makes the paired comparison exact."""
-    eval_max_tokens: int = 256
-    """Completion tokens per model call in eval runs."""
-    eval_concurrency: int = Field(4, ge=1)
-    """Eval runs in flight at once (the policy server batches them)."""
-    gate_alpha: float = Field(0.05, gt=0.0, lt=1.0)
-    """Level of the one-sided McNemar test "candidate worse than champion" on the eval suite."""
-    gate_solved_at: float = Field(1.0, ge=0.0, le=1.0)
-    """A task is solved when the pack's verifier scores it at least this."""
-    guard_max_kl: float = 0.5
-    """Per-token KL(candidate || base) budget in nats on the candidate's eval completions."""
-    guard_max_length_ratio: float = 1.5
-    guard_min_length_ratio: float = 0.5
-    """Bounds on candidate / champion mean final-answer length on the eval suite."""
-    guard_max_reward_length_corr: float = 0.5
-    """Most correlation of training reward with answer length in the candidate's batch."""
-    guard_min_entropy_ratio: float = 0.5
-    """Least candidate / base mean token entropy on the candidate's eval completions."""
-    guard_max_entropy_ratio: float = 2.0
-    """Most of the same ratio: an oversized update scrambles the policy (entropy blows up)."""
-    guard_entropy_floor: float = 0.0
-    """Absolute floor on the candidate's mean token entropy, nats (0: off)."""
-    guard_max_eval_drop: float = 0.05
-    """Goodhart: most held-out success drop while the training reward went up."""
-    guard_max_tool_use_drop: float = 0.10
-    """Most drop in the rate of using the needed tool on eval tasks that need one."""
-    guard_max_clip_ratio: float = 0.2
-    """Most share of clipped tokens in the candidate's round."""
-    guard_max_disagreement: float = 0.25
-    """Most disagreement between two reward sources scoring the same runs (0..1)."""
-    ope_min_ess: float = 30.0
-    """The off-policy estimate refuses to conclude below this effective sample size."""
-    ope_max_runs: int = 512
-    """Most recent logged runs (not trained on by the candidate) the estimate reads."""
-    canary: bool = True
-    """After a pass, the version becomes `candidate` and serves the agent side's canary share;
-    false promotes it to champion at once."""
-    canary_alpha: float = Field(0.05, gt=0.0, lt=1.0)
-    canary_margin: float = 0.1
-    """Promote when live reward is, with confidence, no worse than the champion's by this."""
-    canary_min_per_arm: int = 30
-    """Runs with feedback each arm needs before a promotion."""
-    canary_timeout_s: float = 24 * 3600.0
-    """An undecided canary is rolled back after this long."""
-    canary_check_s: float = 10.0
-    """How often the learner checks the canary."""

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from learner.advantages import RunningBaseline
+from learner.config import RoundConfig, TrainConfig
 from learner.crashpoints import crash_point
 from learner.episodes import Episode, settle, trainable_episodes
 from learner.policy.models import checkpoint_path, load_base, load_checkpoint
@@ -22,13 +23,12 @@ from learner.policy.registry import CHAMPION, PolicyRegistry, PolicyVersion, ver
 from learner.publish import Published, publish_version
 from learner.rewards import batch_rewards, keep_turns
 from learner.samples import (
-    Baseline,
     TrainingData,
     build_training_data,
     reads_tool_output,
 )
 from learner.store import Store, chunks
-from learner.train_step import PolicyTrainer, TrainConfig
+from learner.train_step import PolicyTrainer
 
 log = logging.getLogger(__name__)
 
@@ -37,23 +37,16 @@ BASELINE_KEY = "running_baseline"
 
 
 @dataclass(frozen=True)
-class RoundConfig:
-    """What a round needs from the learner's settings, as plain values."""
+class RoundPlan:
+    """One round as the learner process runs it: its knobs, and where its version goes."""
 
-    base_model: str
     checkpoints_dir: Path
-    train: TrainConfig
-    feedback_window_s: float = 600.0
-    silence_reward: float | None = None
-    max_user_reward_share: float = 0.2
-    baseline: Baseline = "rloo"
-    normalise_rewards: bool = True
-    max_episodes: int = 1024
-    epochs: int = 1
-    batch_size: int = 8  # samples (or pairs) per optimiser update
+    model_cache: Path
+    """Where base models are converted or built (`load_base`'s `cache_dir`)."""
+    train: TrainConfig = field(default_factory=TrainConfig)
+    round: RoundConfig = field(default_factory=RoundConfig)
     actor: str = "learner"
     promote: bool = True  # False: publish READY and leave the aliases to the eval gate
-    train_after_tool: bool = True  # False: whole-run feedback trains only turns before tools
 
 
 @dataclass(frozen=True)
@@ -80,7 +73,7 @@ class RoundAborted(RuntimeError):
 def run_round(
     store: Store,
     registry: PolicyRegistry,
-    config: RoundConfig,
+    plan: RoundPlan,
     *,
     now: float | None = None,
     should_stop: Callable[[], bool] = lambda: False,
@@ -88,6 +81,7 @@ def run_round(
     """Train on what is trainable now and publish a version; None when there is nothing."""
     start = time.monotonic()
     now = time.time() if now is None else now
+    config = plan.round
     window, silence = config.feedback_window_s, config.silence_reward
     settle(store, now, window, silence)
     episodes = trainable_episodes(store, now, window, silence, config.max_episodes)
@@ -95,14 +89,14 @@ def run_round(
         return None
     episodes = sorted(episodes, key=content_key)  # the same batches whatever the arrival order
     parent = registry.get(registry.resolve(CHAMPION))
-    model, tokenizer, adapter_dir = load_parent(parent, config)
+    model, tokenizer, adapter_dir = load_parent(parent, plan)
     data = _training_data(store, episodes, tokenizer, config)
     used = set(data.used)
     unusable = [i for n, e in enumerate(episodes) if n not in used for i in e.event_ids]
     if not data.samples and not data.pairs:
         store.settle(unusable, UNTRAINABLE)
         return None
-    trainer = PolicyTrainer(model, tokenizer.pad_token_id, config.train, adapter_dir=adapter_dir)
+    trainer = PolicyTrainer(model, tokenizer.pad_token_id, plan.train, adapter_dir=adapter_dir)
     metrics = _train(trainer, data, config, version_number(parent.version), should_stop)
     crash_point("during_train")
     trained = [i for n in data.used for i in episodes[n].event_ids]
@@ -115,15 +109,15 @@ def run_round(
         store,
         registry,
         save,
-        checkpoints_dir=config.checkpoints_dir,
+        checkpoints_dir=plan.checkpoints_dir,
         parent=parent,
-        kind="full" if config.train.full_finetune else "lora",
+        kind="full" if plan.train.full_finetune else "lora",
         metrics=metrics,
         trained=trained,
         let_go={UNTRAINABLE: unusable},
         meta={BASELINE_KEY: vars(data.baseline)},
-        actor=config.actor,
-        promote=config.promote,
+        actor=plan.actor,
+        promote=plan.promote,
     )
     rewards = [s.reward for s in data.samples]
     return RoundResult(
@@ -154,22 +148,23 @@ def content_key(episode: Episode) -> str:
     return hashlib.sha256(json.dumps([steps, t.output, said]).encode()).hexdigest()
 
 
-def load_parent(
-    parent: PolicyVersion, config: RoundConfig
-) -> tuple[torch.nn.Module, Any, Path | None]:
+def load_parent(parent: PolicyVersion, plan: RoundPlan) -> tuple[torch.nn.Module, Any, Path | None]:
     """(model, tokenizer, adapter folder to continue) for the version a round starts from."""
     if parent.checkpoint_kind == "full":
         model, tokenizer = load_checkpoint(
-            checkpoint_path(parent.checkpoint_uri), base_model=parent.base_model
+            checkpoint_path(parent.checkpoint_uri),
+            base_model=parent.base_model,
+            cache_dir=plan.model_cache,
         )
         return model, tokenizer, None
-    model, tokenizer = load_base(parent.base_model)
+    model, tokenizer = load_base(parent.base_model, cache_dir=plan.model_cache)
     if parent.checkpoint_kind == "base":
         return model, tokenizer, None
-    if config.train.full_finetune:
+    if plan.train.full_finetune:
         raise ValueError(
             f"champion {parent.version} is a LoRA adapter but full fine-tuning is on: set "
-            "ARLOOP_FULL_FINETUNE=false, or promote a full checkpoint (or v0) to champion first"
+            "ARLOOP_TRAIN__FULL_FINETUNE=false, or promote a full checkpoint (or v0) to champion "
+            "first"
         )
     return model, tokenizer, checkpoint_path(parent.checkpoint_uri)
 

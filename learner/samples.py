@@ -15,7 +15,6 @@ import hashlib
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
 
 import torch
 
@@ -26,11 +25,10 @@ from learner.advantages import (
     rloo_advantages,
     running_baseline_advantages,
 )
+from learner.config import Baseline
 from learner.episodes import Episode
 from learner.policy.registry import version_number
 from learner.rewards import EpisodeReward, normalise
-
-Baseline = Literal["rloo", "running"]
 
 
 @dataclass

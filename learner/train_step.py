@@ -18,60 +18,17 @@ import math
 import time
 from collections import defaultdict
 from contextlib import nullcontext
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from accelerate import Accelerator
 
+from learner.config import TrainConfig
 from learner.logprobs import TokenBatch, make_batch, selected_logprobs
 from learner.lora import attach_lora, frozen_copy, reference_view
 from learner.losses import clipped_pg_loss, dpo_loss
 from learner.samples import PreferencePair, Sample
 from learner.step_metrics import add_corr_sums, pg_metrics
-
-
-@dataclass
-class TrainConfig:
-    """How the policy is updated; one field per knob."""
-
-    lr: float = 5e-5
-    """AdamW learning rate."""
-    weight_decay: float = 0.0
-    """AdamW weight decay."""
-    full_finetune: bool = False
-    """Train every weight instead of a LoRA adapter (needs ~3x the model's memory for Adam)."""
-    lora_rank: int = 16
-    """LoRA rank r."""
-    lora_alpha: int = 32
-    """LoRA scale numerator: the update is scaled by alpha / r."""
-    lora_dropout: float = 0.0
-    """Dropout on the adapter's input; 0 keeps recomputed logprobs deterministic."""
-    lora_targets: tuple[str, ...] = (
-        "q_proj",
-        "k_proj",
-        "v_proj",
-        "o_proj",
-        "up_proj",
-        "down_proj",
-        "gate_proj",
-    )
-    """Module names that get an adapter (all linear layers of a Llama block)."""
-    clip_eps: float = 0.2
-    """PPO clip range: the ratio policy / behaviour stops pushing outside 1 ± clip_eps."""
-    kl_coef: float = 0.02
-    """Weight of the k3 KL penalty to the reference; 0 skips the reference forward pass."""
-    entropy_coef: float = 0.0
-    """Weight of the entropy bonus; 0 computes entropy for the metric only."""
-    micro_batch_size: int = 8
-    """Sequences per forward/backward pass; gradients accumulate over all micro-batches of a
-    step, so gradient accumulation steps = ceil(len(samples) / micro_batch_size)."""
-    max_grad_norm: float = 1.0
-    """Clip the global gradient norm to this; <= 0 disables clipping (the norm is still reported)."""
-    dpo_beta: float = 0.1
-    """DPO temperature: how far the policy may move from the reference per unit of preference."""
-    seed: int = 0
-    """Seeds the adapter's initialisation."""
 
 
 class PolicyTrainer:
@@ -109,7 +66,9 @@ class PolicyTrainer:
                     adapter_dir=adapter_dir,
                 )
         self._params = [p for p in policy.parameters() if p.requires_grad]
-        optimizer = torch.optim.AdamW(self._params, lr=config.lr, weight_decay=config.weight_decay)
+        optimizer = torch.optim.AdamW(
+            self._params, lr=config.learning_rate, weight_decay=config.weight_decay
+        )
         self._model, self._optimizer = self.accelerator.prepare(policy, optimizer)
 
     @property

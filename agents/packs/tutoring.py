@@ -8,13 +8,12 @@ guides instead of telling: one hint or question, never the answer.
 
 Problems: `templates` (one-step word problems; the demo's default), `gsm8k` (a 400-problem
 subset of GSM8K, mostly beyond a 135M model), or `mixed`. The held-out eval split never
-reaches training. `pack()` reads `ARLOOP_TUTORING_SOURCE` and `ARLOOP_TUTORING_EVAL_SIZE`,
-so that `arloop demo` can size the gate's suite in the learner process.
+reaches training. `tutoring_pack(source, eval_size)` builds the pack; the learner passes its
+settings' ARLOOP_TUTORING_SOURCE and ARLOOP_TUTORING_EVAL_SIZE (so `arloop demo` sizes the
+gate's suite).
 """
 
 from __future__ import annotations
-
-import os
 
 from agents.packs.base import Pack, Split, Task
 from agents.packs.common import scrub_input
@@ -129,9 +128,3 @@ def tutoring_pack(source: str = "templates", eval_size: int = 60) -> Pack:
         return [task(p) for p in problems(split, source, eval_size)]
 
     return Pack("tutoring", (tutor(), tutor_hints()), tasks, verify)
-
-
-def pack() -> Pack:
-    """The pack as configured by `ARLOOP_TUTORING_SOURCE` and `ARLOOP_TUTORING_EVAL_SIZE`."""
-    source = os.environ.get("ARLOOP_TUTORING_SOURCE", "templates")
-    return tutoring_pack(source, int(os.environ.get("ARLOOP_TUTORING_EVAL_SIZE", "60")))

@@ -154,10 +154,13 @@ def create_app(
     return app
 
 
-def _load_packs(names: list[str]) -> list[AgentSpec]:
-    from agents.packs import load_packs
+def _load_packs(refs: list[str]) -> list[AgentSpec]:
+    from agents.packs import PackNotFound, load_packs
 
-    return load_packs(names)
+    try:
+        return load_packs(refs)
+    except PackNotFound as exc:
+        raise PackNotFound(f"{exc}; fix ARLOOP_PACKS") from exc
 
 
 def serve() -> None:

@@ -8,7 +8,6 @@ from dataclasses import dataclass
 import redis.asyncio as aioredis
 
 from agents.feedback_intake import FeedbackIntake
-from agents.policy_client import PolicyConfig
 from agents.runtime import AgentRuntime, AgentSpec
 from agents.trajectory_sink import Scrub
 from deploy.agent_api.limits import RateLimiter
@@ -28,19 +27,6 @@ class Services:
     metrics: ApiMetrics
 
 
-def policy_config(settings: AgentApiSettings) -> PolicyConfig:
-    return PolicyConfig(
-        model=settings.policy_model,
-        api_base=settings.policy_api_base,
-        api_key=settings.policy_api_key,
-        timeout_s=settings.policy_timeout_s,
-        retries=settings.policy_retries,
-        versioned=settings.policy_versioned,
-        temperature=settings.policy_temperature,
-        max_tokens=settings.policy_max_tokens,
-    )
-
-
 def open_services(
     settings: AgentApiSettings,
     redis_url: str,
@@ -58,7 +44,7 @@ def open_services(
     runtime = AgentRuntime.on_redis(
         client,
         specs,
-        policy_config(settings),
+        settings.policy_config(),
         canary_share=settings.canary_share,
         scrub=scrub,
         thread_ttl_s=settings.thread_ttl_s,

@@ -122,22 +122,22 @@ def stack_env(opts: DemoOptions, policy_url: str) -> dict[str, dict[str, str]]:
             "ARLOOP_BASE_MODEL": opts.model,
             "OMP_NUM_THREADS": threads,
             "ARLOOP_MIN_EPISODES": trainable,
-            "ARLOOP_MAX_EPISODES_PER_ROUND": trainable,
+            "ARLOOP_ROUND__MAX_EPISODES": trainable,
             "ARLOOP_ROUND_INTERVAL_S": "1e9",
-            "ARLOOP_FEEDBACK_WINDOW_S": "30",
+            "ARLOOP_ROUND__FEEDBACK_WINDOW_S": "30",
             "ARLOOP_TRIM_INTERVAL_S": "1e9",  # the report reads every event back
             "ARLOOP_READ_BLOCK_MS": "300",
-            "ARLOOP_LEARNING_RATE": str(opts.learning_rate),
-            "ARLOOP_KL_COEF": str(opts.kl_coef),
-            "ARLOOP_MICRO_BATCH_SIZE": "8",
+            "ARLOOP_TRAIN__LEARNING_RATE": str(opts.learning_rate),
+            "ARLOOP_TRAIN__KL_COEF": str(opts.kl_coef),
+            "ARLOOP_TRAIN__MICRO_BATCH_SIZE": "8",
             "ARLOOP_EVAL_PACKS": '["tutoring"]',
             "ARLOOP_TUTORING_EVAL_SIZE": str(opts.eval_size),
             "ARLOOP_POLICY_API_BASE": policy_url,
             "ARLOOP_EVAL_MAX_TOKENS": str(opts.max_tokens),
             "ARLOOP_EVAL_CONCURRENCY": str(max(opts.users, 1)),
-            "ARLOOP_CANARY": "false",
-            "ARLOOP_OPE_MAX_RUNS": "64",
-            "ARLOOP_TRAIN_AFTER_TOOL": "false",  # the tutor's answer turn copies the calculator
+            "ARLOOP_CANARY__ENABLED": "false",
+            "ARLOOP_GATE__OPE_MAX_RUNS": "64",
+            "ARLOOP_ROUND__TRAIN_AFTER_TOOL": "false",  # the tutor's answer turn copies the calculator
         },
     }
 

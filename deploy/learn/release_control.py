@@ -3,7 +3,7 @@
 After a round publishes vN as READY, the gate evaluates it against the champion
 (`deploy/learn/suite_runner.py`) and `learner.gate.release.apply_verdict` rejects it, or makes it the
 candidate (canary), or the champion (canary off). While a candidate is out no new round
-starts; every `canary_check_s` the controller (`learner/gate/canary.py`) compares live feedback
+starts; every `canary.check_s` the controller (`learner/gate/canary.py`) compares live feedback
 per arm and promotes or rolls back. A version whose gate could not judge (policy server down)
 stays READY and is gated again later, so a crash or an outage never skips the gate.
 """
@@ -15,9 +15,9 @@ import time
 
 from rich.console import Console
 
+from deploy.learn.settings import LearnerSettings
 from deploy.learn.suite_runner import gate_runner
 from deploy.logs import log_context
-from deploy.settings import LearnerSettings
 from learner.gate import canary
 from learner.gate.eval_gate import ERROR
 from learner.gate.release import ReleaseError, apply_verdict
@@ -41,12 +41,7 @@ class ReleaseControl:
         self.s, self.registry, self.console = settings, registry, console
         self.store = store
         self.gate = gate_runner(settings, redis_url, registry, store)
-        self.canary = canary.CanaryConfig(
-            alpha=settings.canary_alpha,
-            margin=settings.canary_margin,
-            min_per_arm=settings.canary_min_per_arm,
-            timeout_s=settings.canary_timeout_s,
-        )
+        self.canary = settings.canary
         self.last: str | None = None
         self._next_check = 0.0
         self._retry_at = 0.0
@@ -63,7 +58,7 @@ class ReleaseControl:
         now = time.monotonic()
         if now < self._next_check:
             return
-        self._next_check = now + self.s.canary_check_s
+        self._next_check = now + self.canary.check_s
         if self.canary_active():
             self._check_canary()
         elif now >= self._retry_at:
@@ -89,14 +84,16 @@ class ReleaseControl:
         try:
             report = self.gate.evaluate(version)
         except Exception as exc:
-            self._retry_at = time.monotonic() + max(self.s.canary_check_s, 30.0)
+            self._retry_at = time.monotonic() + max(self.canary.check_s, 30.0)
             self._say(f"{version}: the gate failed ({type(exc).__name__}: {exc}); retried later")
             log.exception("gate failed")
             return
         self.console.print(report.summary())
-        message = apply_verdict(self.registry, report, canary=self.s.canary, actor=self.s.consumer)
+        message = apply_verdict(
+            self.registry, report, canary=self.canary.enabled, actor=self.s.consumer
+        )
         if report.verdict == ERROR:
-            self._retry_at = time.monotonic() + max(self.s.canary_check_s, 30.0)
+            self._retry_at = time.monotonic() + max(self.canary.check_s, 30.0)
         self._say(message)
 
     def _check_canary(self) -> None:

@@ -19,15 +19,15 @@ from pathlib import Path
 import redis
 from rich.console import Console, Group
 from rich.live import Live
+from rich.markup import escape
 from rich.table import Table
 
 from deploy.embedded_redis import RedisUnavailable, ensure_redis
-from deploy.settings import LearnerSettings
+from deploy.learn.settings import LearnerSettings
 from learner.policy.registry import CANDIDATE, CHAMPION, PolicyRegistry
 from learner.publish import recover
-from learner.rounds import RoundAborted, RoundConfig, RoundResult, run_round
+from learner.rounds import RoundAborted, RoundPlan, RoundResult, run_round
 from learner.store import Store
-from learner.train_step import TrainConfig
 from learner.trajectory_source import TrajectorySource
 
 log = logging.getLogger("arloop.learner")
@@ -37,33 +37,15 @@ class LearnerConfigError(RuntimeError):
     """The settings contradict what is already in Redis or on disk; the message names the fix."""
 
 
-def round_config(s: LearnerSettings) -> RoundConfig:
-    """The round's plain configuration from the process settings."""
-    train = TrainConfig(
-        lr=s.learning_rate,
-        full_finetune=s.full_finetune,
-        lora_rank=s.lora_rank,
-        lora_alpha=s.lora_alpha,
-        clip_eps=s.clip_eps,
-        kl_coef=s.kl_coef,
-        micro_batch_size=s.micro_batch_size,
-        dpo_beta=s.dpo_beta,
-    )
-    return RoundConfig(
-        base_model=s.base_model,
+def round_plan(s: LearnerSettings) -> RoundPlan:
+    """What each round runs with: the settings' train and round models, and where it writes."""
+    return RoundPlan(
         checkpoints_dir=s.data_dir / "checkpoints",
-        train=train,
-        feedback_window_s=s.feedback_window_s,
-        silence_reward=s.silence_reward,
-        max_user_reward_share=s.max_user_reward_share,
-        baseline=s.baseline,
-        normalise_rewards=s.normalise_rewards,
-        max_episodes=s.max_episodes_per_round,
-        epochs=s.epochs,
-        batch_size=s.micro_batch_size * s.grad_accum_steps,
+        model_cache=s.model_cache,
+        train=s.train,
+        round=s.round,
         actor=s.consumer,
         promote=not s.eval_packs,  # with an eval gate, the release flow moves the aliases
-        train_after_tool=s.train_after_tool,
     )
 
 
@@ -106,7 +88,7 @@ class Learner:
             block_ms=settings.read_block_ms,
             count=settings.read_count,
         )
-        self.config = round_config(settings)
+        self.plan = round_plan(settings)
         self.release = None
         if settings.eval_packs:
             from deploy.learn.release_control import ReleaseControl
@@ -141,7 +123,7 @@ class Learner:
         rec = recover(
             self.store,
             self.registry,
-            self.config.checkpoints_dir,
+            self.plan.checkpoints_dir,
             self.s.consumer,
             promote=self.release is None,
         )
@@ -155,7 +137,7 @@ class Learner:
         else:
             self.console.print(
                 f"eval gate: {self.release.gate.suites.suite} against "
-                f"{self.s.policy_api_base}; canary {'on' if self.s.canary else 'off'}"
+                f"{self.s.policy_api_base}; canary {'on' if self.s.canary.enabled else 'off'}"
             )
 
     def run(self, once: bool = False) -> int:
@@ -192,8 +174,9 @@ class Learner:
         return result.caught_up
 
     def _trainable(self) -> int:
-        c = self.store.open_counts(time.time(), self.s.feedback_window_s)
-        return c["with_feedback"] + (c["window_closed"] if self.s.silence_reward is not None else 0)
+        c = self.store.open_counts(time.time(), self.s.round.feedback_window_s)
+        silence_trains = self.s.round.silence_reward is not None
+        return c["with_feedback"] + (c["window_closed"] if silence_trains else 0)
 
     def round_due(self) -> bool:
         if time.monotonic() < self._retry_at:
@@ -209,7 +192,7 @@ class Learner:
         self._last_round = time.monotonic()
         try:
             result = run_round(
-                self.store, self.registry, self.config, should_stop=self.stopping.is_set
+                self.store, self.registry, self.plan, should_stop=self.stopping.is_set
             )
         except RoundAborted as exc:
             self.console.print(str(exc))
@@ -235,7 +218,7 @@ class Learner:
 
     def status_view(self) -> Table:
         """The live status: stream backlog, episodes, dead letters, champion, last round."""
-        c = self.store.open_counts(time.time(), self.s.feedback_window_s)
+        c = self.store.open_counts(time.time(), self.s.round.feedback_window_s)
         counts = self.store.counts()
         let_go = {
             k.split("/")[1]: v for k, v in counts.items() if not k.endswith(("open", "trained"))
@@ -307,6 +290,7 @@ class _stop_on_signals:
 def main(once: bool = False) -> int:
     """Entry point of `arloop learn`: settings from ARLOOP_*, errors as messages, exit code."""
     from pydantic import ValidationError
+    from pydantic_settings import SettingsError
 
     from deploy.logs import setup_logging
     from learner.policy.models import ModelNotFound
@@ -316,8 +300,8 @@ def main(once: bool = False) -> int:
         settings = LearnerSettings()
         setup_logging("learner", settings.log_level, settings.log_format)
         return Learner(settings, console).run(once=once)
-    except ValidationError as exc:
-        console.print(f"[red]arloop learn: invalid ARLOOP_* setting:[/]\n{exc}")
+    except (ValidationError, SettingsError) as exc:
+        console.print(f"[red]arloop learn: invalid ARLOOP_* setting:[/]\n{escape(str(exc))}")
     except (RedisUnavailable, ModelNotFound, LearnerConfigError) as exc:
         console.print(f"[red]arloop learn:[/] {exc}")
     return 2

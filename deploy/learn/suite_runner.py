@@ -13,19 +13,20 @@ the importance-weighted training reward, the off-policy estimate).
 from __future__ import annotations
 
 import asyncio
-import importlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import redis.asyncio as aioredis
 
 from agents.events import STREAM_EVAL_TRAJECTORIES, TrajectoryEvent, new_id
+from agents.packs import PackNotFound, get_pack
 from agents.packs.base import Pack, Task
 from agents.policy_client import PolicyClient, PolicyConfig, PolicyError
 from agents.runtime import AgentRuntime
 from agents.threads import Threads
 from agents.trajectory_sink import TrajectorySink
-from deploy.settings import LearnerSettings
+from deploy.learn.settings import LearnerSettings
 from learner.gate.eval_gate import GateConfig, GateReport, SuiteRun, TaskOutcome, decide, refuse
 from learner.gate.evidence import answer_tokens
 from learner.gate.guards import GuardConfig
@@ -50,23 +51,6 @@ class VerifierError(EvalError):
 
 class SuiteMissing(RuntimeError):
     """A pack has no usable held-out suite; the message says which and why."""
-
-
-def resolve_pack(name: str) -> Pack:
-    """A Pack by name: `module:attr`, or `agents.packs.<name>` exposing `pack()` or `PACK`."""
-    module_name, _, attr = name.partition(":")
-    if not attr:
-        module_name = f"agents.packs.{name}"
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise SuiteMissing(f"eval pack {name!r}: cannot import {module_name} ({exc})") from exc
-    for candidate in [attr] if attr else ["pack", "PACK"]:
-        found = getattr(module, candidate, None)
-        value = found() if callable(found) and not isinstance(found, Pack) else found
-        if isinstance(value, Pack):
-            return value
-    raise SuiteMissing(f"eval pack {name!r}: {module_name} has no Pack (`pack()` or `PACK`)")
 
 
 def eval_tasks(pack: Pack) -> list[Task]:
@@ -177,12 +161,14 @@ class GateRunner:
         suites: SuiteRunner,
         config: GateConfig,
         *,
+        model_cache: Path,
+        guards: GuardConfig | None = None,
         store: Store | None = None,
         max_user_share: float = 0.2,
-        ope_runs: int = 512,
     ) -> None:
         self.registry, self.suites, self.config = registry, suites, config
-        self.store, self.max_user_share, self.ope_runs = store, max_user_share, ope_runs
+        self.guards = guards or GuardConfig()
+        self.store, self.max_user_share, self.model_cache = store, max_user_share, model_cache
 
     def evaluate(self, version: str, champion: str | None = None) -> GateReport:
         """The report for `version` vs the champion (verdict `error` when it cannot judge)."""
@@ -206,44 +192,20 @@ class GateRunner:
             version,
             trajectories,
             max_user_share=self.max_user_share,
-            ope_runs=self.ope_runs,
+            ope_runs=self.config.ope_max_runs,
             min_ess=self.config.min_ess,
+            model_cache=self.model_cache,
         )
-        return decide(suite, mine, base, evidence, self.config, ope=ope, training=training)
-
-
-def policy_config(s: LearnerSettings) -> PolicyConfig:
-    """How eval runs call the policy server: versioned model names, few retries."""
-    return PolicyConfig(
-        model=s.policy_model,
-        api_base=s.policy_api_base,
-        api_key=s.policy_api_key,
-        timeout_s=s.policy_timeout_s,
-        retries=1,
-        versioned=True,
-        temperature=s.eval_temperature,
-        max_tokens=s.eval_max_tokens,
-    )
-
-
-def gate_config(s: LearnerSettings) -> GateConfig:
-    """The gate's plain configuration from the learner's settings."""
-    guards = GuardConfig(
-        max_kl=s.guard_max_kl,
-        max_length_ratio=s.guard_max_length_ratio,
-        min_length_ratio=s.guard_min_length_ratio,
-        max_reward_length_corr=s.guard_max_reward_length_corr,
-        min_entropy_ratio=s.guard_min_entropy_ratio,
-        max_entropy_ratio=s.guard_max_entropy_ratio,
-        entropy_floor=s.guard_entropy_floor,
-        max_eval_drop=s.guard_max_eval_drop,
-        max_tool_use_drop=s.guard_max_tool_use_drop,
-        max_clip_ratio=s.guard_max_clip_ratio,
-        max_disagreement=s.guard_max_disagreement,
-    )
-    return GateConfig(
-        alpha=s.gate_alpha, solved_at=s.gate_solved_at, min_ess=s.ope_min_ess, guards=guards
-    )
+        return decide(
+            suite,
+            mine,
+            base,
+            evidence,
+            self.config,
+            guard_config=self.guards,
+            ope=ope,
+            training=training,
+        )
 
 
 def gate_runner(
@@ -254,13 +216,24 @@ def gate_runner(
     packs: Sequence[Pack] | None = None,
 ) -> GateRunner:
     """The gate as `arloop learn` and `arloop eval` run it; SuiteMissing for an unknown pack."""
-    packs = list(packs) if packs is not None else [resolve_pack(n) for n in s.eval_packs]
-    suites = SuiteRunner(redis_url, packs, policy_config(s), s.eval_concurrency, s.gate_solved_at)
+    if packs is None:
+        size = s.tutoring_eval_size
+        try:
+            packs = [
+                get_pack(ref, tutoring_source=s.tutoring_source, tutoring_eval_size=size)
+                for ref in s.eval_packs
+            ]
+        except PackNotFound as exc:
+            raise SuiteMissing(str(exc)) from exc
+    suites = SuiteRunner(
+        redis_url, list(packs), s.policy_config(), s.eval_concurrency, s.gate.solved_at
+    )
     return GateRunner(
         registry,
         suites,
-        gate_config(s),
+        s.gate,
+        guards=s.guards,
+        model_cache=s.model_cache,
         store=store,
-        max_user_share=s.max_user_reward_share,
-        ope_runs=s.ope_max_runs,
+        max_user_share=s.round.max_user_reward_share,
     )

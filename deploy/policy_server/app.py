@@ -76,6 +76,7 @@ def create_app(
         versions = VersionManager(
             redis_client,
             base_model=settings.base_model,
+            model_cache=settings.model_cache,
             device=settings.device,
             max_loaded=settings.max_loaded_versions,
             poll_s=settings.reload_poll_s,

@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import redis
@@ -63,6 +64,7 @@ class VersionManager:
         client: redis.Redis,
         *,
         base_model: str,
+        model_cache: Path,
         device: str = "cpu",
         max_loaded: int = 4,
         poll_s: float = 5.0,
@@ -74,7 +76,9 @@ class VersionManager:
         self.base_model, self.device, self.max_loaded = base_model, device, max_loaded
         self.poll_s, self.context_length = poll_s, context_length
         self.metrics = metrics or PolicyMetrics()
-        self.loader = loader or (lambda record: load_version(record, device=device))
+        self.loader = loader or (
+            lambda record: load_version(record, cache_dir=model_cache, device=device)
+        )
         self._loaded: dict[str, LoadedPolicy] = {}
         self._aliases: dict[str, str] = {}
         self._failed: set[str] = set()

@@ -14,6 +14,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from learner.gate.release import end_canary, promote
 from learner.gate.stats import SequentialDecision, sequential_compare
 from learner.policy.registry import CANDIDATE, CHAMPION, PolicyRegistry
@@ -23,20 +25,27 @@ from learner.store import Store
 PROMOTE, ROLLBACK, CONTINUE, TIMEOUT = "promote", "rollback", "continue", "timeout"
 
 
-@dataclass(frozen=True)
-class CanaryConfig:
-    """When the controller decides."""
+class CanaryConfig(BaseModel):
+    """Whether a passing version goes out as a canary, and when the controller decides
+    (`ARLOOP_CANARY__<FIELD>` in the learner's settings)."""
 
-    alpha: float = 0.05
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+
+    enabled: bool = True
+    """After a pass, the version becomes `candidate` and serves the agent side's canary share
+    (ARLOOP_CANARY_SHARE on the agent API); false promotes it to champion at once."""
+    alpha: float = Field(0.05, gt=0.0, lt=1.0)
     """Error level of the always-valid interval on the reward difference."""
     margin: float = 0.1
     """Promote when the candidate is, with confidence, no worse than this (rewards in [-1, 1])."""
-    min_per_arm: int = 30
+    min_per_arm: int = Field(30, ge=1)
     """Runs with feedback each arm needs before a promotion."""
-    timeout_s: float = 24 * 3600.0
+    timeout_s: float = Field(24 * 3600.0, gt=0.0)
     """A canary still undecided this long after it started is rolled back."""
-    max_runs: int = 100_000
+    max_runs: int = Field(100_000, ge=1)
     """Most recent runs read per check."""
+    check_s: float = Field(10.0, gt=0.0)
+    """How often the learner checks the canary (and retries a gate that could not judge)."""
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from learner.gate.guards import GuardConfig, GuardEvidence, GuardResult, run_guards
 from learner.gate.stats import PairedComparison, paired_comparison
 
@@ -24,17 +26,19 @@ EVAL_TEST = "eval_test"  # the held-out comparison's name in `failed`
 OPE_CHECK = "ope"
 
 
-@dataclass(frozen=True)
-class GateConfig:
-    """How the gate decides; guard thresholds live in `GuardConfig`."""
+class GateConfig(BaseModel):
+    """How the gate decides (`ARLOOP_GATE__<FIELD>`); guard thresholds are `GuardConfig`'s."""
 
-    alpha: float = 0.05
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+
+    alpha: float = Field(0.05, gt=0.0, lt=1.0)
     """Level of the one-sided McNemar test of "candidate worse than champion" on the suite."""
-    solved_at: float = 1.0
+    solved_at: float = Field(1.0, ge=0.0, le=1.0)
     """A task counts as solved when the pack's verifier scores it at least this."""
-    min_ess: float = 30.0
+    min_ess: float = Field(30.0, ge=0.0)
     """Off-policy estimate: below this effective sample size it refuses to conclude."""
-    guards: GuardConfig = field(default_factory=GuardConfig)
+    ope_max_runs: int = Field(512, ge=0)
+    """Off-policy estimate: most recent logged runs (not trained on by the candidate) it reads."""
 
 
 @dataclass(frozen=True)
@@ -115,10 +119,11 @@ def decide(
     evidence: GuardEvidence,
     config: GateConfig,
     *,
+    guard_config: GuardConfig | None = None,
     ope: OPEEstimate | None = None,
     training: dict[str, Any] | None = None,
 ) -> GateReport:
-    """Pass, or reject naming every failed test and guard."""
+    """Pass, or reject naming every failed test and guard (thresholds: `guard_config`)."""
     mine, theirs = outcomes_by_task(candidate), outcomes_by_task(champion)
     ids = sorted(mine)
     if not ids or set(ids) != set(theirs):
@@ -133,9 +138,8 @@ def decide(
         [int(theirs[i].solved) for i in ids], [int(mine[i].solved) for i in ids]
     )
     test_ok = cmp.p_worse >= config.alpha
-    guards = run_guards(
-        _with_eval(evidence, [mine[i] for i in ids], [theirs[i] for i in ids], cmp), config.guards
-    )
+    evidence = _with_eval(evidence, [mine[i] for i in ids], [theirs[i] for i in ids], cmp)
+    guards = run_guards(evidence, guard_config or GuardConfig())
     failed = ([] if test_ok else [EVAL_TEST]) + [g.name for g in guards if not g.passed]
     if ope is not None and _ope_worse(ope):
         failed.append(OPE_CHECK)

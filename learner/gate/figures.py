@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -98,6 +99,7 @@ def gather(
     max_user_share: float,
     ope_runs: int,
     min_ess: float,
+    model_cache: Path,
 ) -> tuple[GuardEvidence, OPEEstimate | None, dict[str, Any]]:
     """(guard evidence, off-policy estimate, training summary) for `version`.
 
@@ -105,8 +107,8 @@ def gather(
     training batch and the held-out logged traffic it was not trained on.
     """
     record = registry.get(version)
-    candidate, tokenizer = load_version(record)
-    reference, _ = load_version(registry.get(BASE_VERSION))
+    candidate, tokenizer = load_version(record, cache_dir=model_cache)
+    reference, _ = load_version(registry.get(BASE_VERSION), cache_dir=model_cache)
     pad = tokenizer.pad_token_id
     sequences = [
         (s.prompt_token_ids, s.completion_token_ids)

@@ -15,12 +15,18 @@ from dataclasses import asdict, dataclass, field
 from itertools import combinations
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict
+
 from learner.gate.stats import pearson
 
 
-@dataclass(frozen=True)
-class GuardConfig:
-    """Thresholds of the release guards (defaults hold for SmolLM2-135M and the tiny test model)."""
+class GuardConfig(BaseModel):
+    """Thresholds of the release guards (defaults hold for SmolLM2-135M and the tiny test model).
+
+    In the learner's settings: `ARLOOP_GUARDS__<FIELD>`, e.g. `ARLOOP_GUARDS__MAX_KL=0.3`.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
     max_kl: float = 0.5
     """kl_to_reference: mean per-token KL(candidate || reference) in nats on the candidate's

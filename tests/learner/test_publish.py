@@ -16,14 +16,7 @@ from learner.rounds import run_round
 from learner.store import CommittedVersion
 from learner.trajectory_source import TrajectorySource
 from tests.learner.learner_events import feedback, trajectory, xadd
-from tests.learner.learner_fixtures import (  # noqa: F401 - model_cache is a fixture
-    base_registry,
-    model_cache,
-    open_store,
-    tiny_round_config,
-)
-
-pytestmark = pytest.mark.usefixtures("model_cache")
+from tests.learner.learner_fixtures import tiny_round_plan
 
 
 def _save_files(folder: Path) -> None:
@@ -77,11 +70,11 @@ def test_a_checkpoint_write_that_fails_leaves_the_champion_where_it_was(
         pass
     (tmp_path / "checkpoints").write_text("a file where the checkpoint folder should be")
     with pytest.raises(CheckpointWriteError, match="cannot write checkpoint"):
-        run_round(store, registry, tiny_round_config(tmp_path))
+        run_round(store, registry, tiny_round_plan(tmp_path))
     assert registry.resolve(CHAMPION) == "v0" and [v.version for v in registry.versions()] == ["v0"]
     assert store.ledger() == {} and store.committed_versions() == []
     (tmp_path / "checkpoints").unlink()  # the operator fixes the disk: the episode trains then
-    result = run_round(store, registry, tiny_round_config(tmp_path))
+    result = run_round(store, registry, tiny_round_plan(tmp_path))
     assert result.version == "v2"  # v1's number was taken by the failed write: never reused
     assert registry.resolve(CHAMPION) == "v2" and store.ledger() == {
         t.event_id: "v2",

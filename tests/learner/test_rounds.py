@@ -19,15 +19,8 @@ from tests.learner.learner_events import (
     trajectory,
     xadd,
 )
-from tests.learner.learner_fixtures import (  # noqa: F401 - model_cache is a fixture
-    base_registry,
-    model_cache,
-    open_store,
-    tiny_round_config,
-)
-
-pytestmark = pytest.mark.usefixtures("model_cache")
-
+from tests.learner.learner_fixtures import base_registry, open_store, tiny_round_plan
+from tests.model_cache import MODEL_CACHE
 
 PROMPT = "What is 12 plus 30?"
 GOOD, BAD = "The answer is 42.", "sorry no"
@@ -61,7 +54,7 @@ def test_a_round_publishes_a_loadable_version_that_moved_the_right_way(
 ):
     events = _logged_runs()
     _ingest(redis_client, store, events)
-    result = run_round(store, registry, tiny_round_config(tmp_path))
+    result = run_round(store, registry, tiny_round_plan(tmp_path))
     assert (result.version, result.parent, result.episodes, result.samples) == ("v1", "v0", 6, 6)
     assert result.published.champion and registry.resolve(CHAMPION) == "v1"
     record = registry.get("v1")
@@ -71,19 +64,19 @@ def test_a_round_publishes_a_loadable_version_that_moved_the_right_way(
     manifest = json.loads((checkpoint_path(record.checkpoint_uri) / "manifest.json").read_text())
     assert sorted(manifest["trained_event_ids"]) == sorted(e.event_id for e in events)
     assert store.ledger() == {e.event_id: "v1" for e in events}
-    trained, _ = load_version(record)  # as the policy server loads it
-    base, _ = load_base("tiny")
+    trained, _ = load_version(record, cache_dir=MODEL_CACHE)  # as the policy server loads it
+    base, _ = load_base("tiny", cache_dir=MODEL_CACHE)
     assert _mean_logprob(trained, GOOD) > _mean_logprob(base, GOOD)
     assert _mean_logprob(trained, BAD) < _mean_logprob(base, BAD)
-    assert run_round(store, registry, tiny_round_config(tmp_path)) is None  # nothing left
+    assert run_round(store, registry, tiny_round_plan(tmp_path)) is None  # nothing left
 
 
 def test_the_next_round_continues_the_champions_adapter(redis_client, store, registry, tmp_path):
     _ingest(redis_client, store, _logged_runs(4))
-    run_round(store, registry, tiny_round_config(tmp_path))
+    run_round(store, registry, tiny_round_plan(tmp_path))
     _ingest(redis_client, store, _logged_runs(4))
-    frozen = tiny_round_config(tmp_path)
-    frozen.train.lr = 0.0  # a round that cannot move the weights: v2 must equal its start
+    no_step = TrainConfig(learning_rate=0.0, lora_rank=8, lora_alpha=16, kl_coef=0.0)
+    frozen = tiny_round_plan(tmp_path, train=no_step)  # cannot move the weights: v2 == its start
     result = run_round(store, registry, frozen)
     assert (result.version, result.parent) == ("v2", "v1")
     v1, v2 = (
@@ -106,7 +99,7 @@ def test_corrections_train_by_dpo_and_steps_without_ids_are_let_go(
         feedback(blind.event_id, "thumbs", 1),
     ]
     _ingest(redis_client, store, events)
-    result = run_round(store, registry, tiny_round_config(tmp_path))
+    result = run_round(store, registry, tiny_round_plan(tmp_path))
     assert (result.samples, result.pairs, result.skipped_steps) == (0, 1, 1)
     assert "dpo/loss" in result.metrics
     assert result.let_go == {UNTRAINABLE: 1}
@@ -118,22 +111,24 @@ def test_corrections_train_by_dpo_and_steps_without_ids_are_let_go(
 def test_a_stop_mid_round_commits_nothing(redis_client, store, registry, tmp_path):
     _ingest(redis_client, store, _logged_runs(2))
     with pytest.raises(RoundAborted):
-        run_round(store, registry, tiny_round_config(tmp_path), should_stop=lambda: True)
+        run_round(store, registry, tiny_round_plan(tmp_path), should_stop=lambda: True)
     assert store.ledger() == {} and registry.resolve(CHAMPION) == "v0"
-    assert run_round(store, registry, tiny_round_config(tmp_path)).version == "v1"
+    assert run_round(store, registry, tiny_round_plan(tmp_path)).version == "v1"
 
 
 def test_full_finetuning_publishes_full_weights_and_continues_from_them(
     redis_client, store, registry, tmp_path
 ):
-    full = tiny_round_config(tmp_path, train=TrainConfig(lr=1e-2, full_finetune=True, kl_coef=0.0))
+    full = tiny_round_plan(
+        tmp_path, train=TrainConfig(learning_rate=1e-2, full_finetune=True, kl_coef=0.0)
+    )
     _ingest(redis_client, store, _logged_runs(2))
     assert run_round(store, registry, full).version == "v1"
     record = registry.get("v1")
     folder = checkpoint_path(record.checkpoint_uri)
     assert record.checkpoint_kind == "full" and (folder / "model.safetensors").is_file()
-    trained, _ = load_version(record)
-    base, _ = load_base("tiny")
+    trained, _ = load_version(record, cache_dir=MODEL_CACHE)
+    base, _ = load_base("tiny", cache_dir=MODEL_CACHE)
     assert _mean_logprob(trained, GOOD) != _mean_logprob(base, GOOD)
     _ingest(redis_client, store, _logged_runs(2))
     assert (run_round(store, registry, full).parent, registry.resolve(CHAMPION)) == ("v1", "v2")
@@ -152,7 +147,7 @@ def test_turns_after_a_tool_output_train_only_when_asked(
         for e in (t, feedback(t.event_id, "thumbs", 1 if i % 2 else -1, user=f"u{i}"))
     ]
     _ingest(redis_client, store, events)
-    result = run_round(store, registry, tiny_round_config(tmp_path, train_after_tool=after_tool))
+    result = run_round(store, registry, tiny_round_plan(tmp_path, train_after_tool=after_tool))
     assert result.samples == 2 * trained  # the call turn always; the answer turn only when asked
 
 
@@ -165,7 +160,7 @@ def test_feedback_naming_a_turn_after_a_tool_still_trains_it(
         store,
         [t, feedback(t.event_id, "thumbs", -1, turn=2), feedback(t.event_id, "thumbs", 1)],
     )
-    result = run_round(store, registry, tiny_round_config(tmp_path, train_after_tool=False))
+    result = run_round(store, registry, tiny_round_plan(tmp_path, train_after_tool=False))
     assert result.samples == 2
 
 
@@ -186,7 +181,7 @@ def test_a_round_trains_the_same_whatever_order_its_runs_finished_in(redis_clien
             events += [t, feedback(t.event_id, "thumbs", 1 if good else -1, user=f"u{i}")]
         store = open_store(tmp_path / name)
         _ingest(redis_client, store, events)
-        config = tiny_round_config(tmp_path / name, batch_size=4)  # 3 updates: order matters
+        config = tiny_round_plan(tmp_path / name, batch_size=4)  # 3 updates: order matters
         result = run_round(store, registry, config, now=10_000.0)
         store.close()
         assert result.samples == 12

@@ -39,7 +39,7 @@ def _snapshot(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 def test_update_raises_rewarded_and_lowers_punished_completion(tiny):
     model, tok = tiny
     pad = tok.pad_token_id
-    trainer = PolicyTrainer(model, pad, TrainConfig(lr=5e-3, kl_coef=0.0))
+    trainer = PolicyTrainer(model, pad, TrainConfig(learning_rate=5e-3, kl_coef=0.0))
     prompt, good, bad = (
         _ids(tok, "What is 12 plus 30?"),
         _ids(tok, "The answer is 42."),
@@ -54,7 +54,7 @@ def test_update_raises_rewarded_and_lowers_punished_completion(tiny):
 
 def test_lora_changes_only_adapter_weights(tiny):
     model, tok = tiny
-    trainer = PolicyTrainer(model, tok.pad_token_id, TrainConfig(lr=1e-2))
+    trainer = PolicyTrainer(model, tok.pad_token_id, TrainConfig(learning_rate=1e-2))
     before = _snapshot(trainer.model)
     trainer.step([Sample(_ids(tok, "hi"), _ids(tok, "hello there"), advantage=1.0)])
     after = _snapshot(trainer.model)
@@ -67,7 +67,7 @@ def test_lora_changes_only_adapter_weights(tiny):
 def test_full_finetune_changes_base_weights_and_keeps_a_frozen_reference(tiny):
     model, tok = tiny
     trainer = PolicyTrainer(
-        model, tok.pad_token_id, TrainConfig(lr=1e-2, full_finetune=True, kl_coef=0.1)
+        model, tok.pad_token_id, TrainConfig(learning_rate=1e-2, full_finetune=True, kl_coef=0.1)
     )
     before = _snapshot(trainer.model)
     sample = Sample(_ids(tok, "hi"), _ids(tok, "hello there"), advantage=1.0)
@@ -92,7 +92,9 @@ def test_tokens_outside_the_loss_mask_have_no_influence(tiny):
     results = []
     for logged in (behaviour, other):
         model, _ = build_tiny_model(seed=0)
-        trainer = PolicyTrainer(model, tok.pad_token_id, TrainConfig(lr=1e-2, kl_coef=0.1))
+        trainer = PolicyTrainer(
+            model, tok.pad_token_id, TrainConfig(learning_rate=1e-2, kl_coef=0.1)
+        )
         metrics = trainer.step(
             [Sample(prompt, completion, 1.0, behaviour_logprobs=logged, loss_mask=mask)]
         )
@@ -104,7 +106,7 @@ def test_tokens_outside_the_loss_mask_have_no_influence(tiny):
 
 def test_missing_behaviour_logprobs_mean_ratio_one(tiny):
     model, tok = tiny
-    trainer = PolicyTrainer(model, tok.pad_token_id, TrainConfig(lr=1e-3))
+    trainer = PolicyTrainer(model, tok.pad_token_id, TrainConfig(learning_rate=1e-3))
     m = trainer.step([Sample(_ids(tok, "hi"), _ids(tok, "hello there"), advantage=1.0)])
     assert m["ratio_mean"] == pytest.approx(1.0) and m["clip_ratio"] == 0.0
     assert math.isnan(m["probs_corr"])  # nothing logged to correlate with
@@ -113,7 +115,7 @@ def test_missing_behaviour_logprobs_mean_ratio_one(tiny):
 def test_stale_behaviour_logprobs_are_clipped(tiny):
     model, tok = tiny
     pad = tok.pad_token_id
-    trainer = PolicyTrainer(model, pad, TrainConfig(lr=1e-3, kl_coef=0.0))
+    trainer = PolicyTrainer(model, pad, TrainConfig(learning_rate=1e-3, kl_coef=0.0))
     prompt, completion = _ids(tok, "hi"), _ids(tok, "hello there")
     current = completion_logprobs(trainer.model, prompt, completion, pad)
     stale = (current - 1.0).tolist()  # ratio e ~ 2.7 > 1.2 with a positive advantage: all clipped
@@ -126,7 +128,7 @@ def test_stale_behaviour_logprobs_are_clipped(tiny):
 def test_metrics_in_trl_vocabulary(tiny):
     model, tok = tiny
     pad = tok.pad_token_id
-    trainer = PolicyTrainer(model, pad, TrainConfig(lr=1e-3))
+    trainer = PolicyTrainer(model, pad, TrainConfig(learning_rate=1e-3))
     p, a, b = _ids(tok, "hi"), _ids(tok, "hello"), _ids(tok, "good bad correct")
     logged = completion_logprobs(trainer.model, p, b, pad).tolist()
     samples = [
@@ -158,7 +160,7 @@ def test_micro_batching_gives_the_same_update(tiny):
     for size in (1, 4):
         model, _ = build_tiny_model(seed=0)
         trainer = PolicyTrainer(
-            model, tok.pad_token_id, TrainConfig(lr=1e-3, micro_batch_size=size)
+            model, tok.pad_token_id, TrainConfig(learning_rate=1e-3, micro_batch_size=size)
         )
         start = _snapshot(trainer.model)
         losses.append(trainer.step(samples)["loss"])
@@ -185,7 +187,7 @@ def test_selected_logprobs_match_full_logits(tiny):
 def test_save_then_reload_adapter_gives_same_logprobs(tiny, tmp_path):
     model, tok = tiny
     pad = tok.pad_token_id
-    trainer = PolicyTrainer(model, pad, TrainConfig(lr=1e-2))
+    trainer = PolicyTrainer(model, pad, TrainConfig(learning_rate=1e-2))
     prompt, completion = _ids(tok, "hi"), _ids(tok, "hello there")
     trainer.step([Sample(prompt, completion, advantage=1.0)])
     trainer.save(tmp_path / "v1")
@@ -197,7 +199,10 @@ def test_save_then_reload_adapter_gives_same_logprobs(tiny, tmp_path):
         completion_logprobs(reloaded, prompt, completion, pad), expected, atol=1e-6
     )
     resumed = PolicyTrainer(
-        build_tiny_model(seed=0)[0], pad, TrainConfig(lr=1e-2), adapter_dir=tmp_path / "v1"
+        build_tiny_model(seed=0)[0],
+        pad,
+        TrainConfig(learning_rate=1e-2),
+        adapter_dir=tmp_path / "v1",
     )
     assert torch.allclose(
         completion_logprobs(resumed.model, prompt, completion, pad), expected, atol=1e-6
@@ -215,7 +220,7 @@ def test_full_finetune_saves_safetensors(tiny, tmp_path):
 def test_dpo_step_widens_the_chosen_minus_rejected_margin(tiny):
     model, tok = tiny
     pad = tok.pad_token_id
-    trainer = PolicyTrainer(model, pad, TrainConfig(lr=5e-3))
+    trainer = PolicyTrainer(model, pad, TrainConfig(learning_rate=5e-3))
     prompt, chosen, rejected = (
         _ids(tok, "What is 12 plus 30?"),
         _ids(tok, "42"),

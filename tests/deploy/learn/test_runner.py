@@ -3,19 +3,20 @@ import io
 import pytest
 from rich.console import Console
 
-from deploy.learn.runner import Learner, LearnerConfigError, main, round_config, summary_line
-from deploy.settings import LearnerSettings
+from deploy.learn.runner import Learner, LearnerConfigError, main, round_plan, summary_line
+from deploy.learn.settings import LearnerSettings
 from learner.policy.registry import PolicyRegistry
 from tests.learner.learner_events import feedback, trajectory, xadd
-from tests.learner.learner_fixtures import model_cache  # noqa: F401 - a fixture, used by name
-
-pytestmark = pytest.mark.usefixtures("model_cache")
 
 
 def _learner(redis_url, tmp_path, **kw) -> tuple[Learner, io.StringIO]:
     kw = {"min_episodes": 3, "round_interval_s": 3600.0, "read_block_ms": 10, **kw}
     settings = LearnerSettings(
-        redis_url=redis_url, data_dir=tmp_path, base_model="tiny", learning_rate=0.05, **kw
+        redis_url=redis_url,
+        data_dir=tmp_path,
+        base_model="tiny",
+        train={"learning_rate": 0.05},
+        **kw,
     )
     out = io.StringIO()
     return Learner(settings, Console(file=out, width=200, record=True)), out
@@ -76,21 +77,27 @@ def test_a_registry_of_another_base_model_is_refused(redis_url, redis_client, tm
 
 def test_bad_settings_exit_2_with_the_setting_named(monkeypatch, capsys, tmp_path):
     monkeypatch.setenv("ARLOOP_DATA_DIR", str(tmp_path))
-    monkeypatch.setenv("ARLOOP_MAX_USER_REWARD_SHARE", "5")
+    monkeypatch.setenv("ARLOOP_ROUND__MAX_USER_REWARD_SHARE", "5")
     assert main(once=True) == 2
-    assert "max_user_reward_share" in capsys.readouterr().out
+    assert "round.max_user_reward_share" in capsys.readouterr().out
+    monkeypatch.delenv("ARLOOP_ROUND__MAX_USER_REWARD_SHARE")
+    monkeypatch.setenv("ARLOOP_MAX_USER_REWARD_SHARE", "0.5")  # the name before it nested
+    assert main(once=True) == 2
+    out = capsys.readouterr().out
+    assert "ARLOOP_MAX_USER_REWARD_SHARE is no longer read" in out
+    assert "set ARLOOP_ROUND__MAX_USER_REWARD_SHARE" in out
 
 
-def test_settings_become_the_rounds_plain_config(tmp_path):
+def test_the_round_runs_with_the_settings_own_models(tmp_path):
     s = LearnerSettings(
         data_dir=tmp_path,
-        micro_batch_size=4,
-        grad_accum_steps=3,
-        learning_rate=1e-3,
-        full_finetune=True,
-        silence_reward=0.0,
+        train={"learning_rate": 1e-3, "full_finetune": True, "micro_batch_size": 4},
+        round={"batch_size": 12, "silence_reward": 0.0},
+        _env_file=None,
     )
-    c = round_config(s)
-    assert c.batch_size == 12 and c.checkpoints_dir == tmp_path / "checkpoints"
-    assert (c.train.lr, c.train.full_finetune, c.train.micro_batch_size) == (1e-3, True, 4)
-    assert c.silence_reward == 0.0 and c.actor == s.consumer
+    plan = round_plan(s)
+    assert plan.train is s.train and plan.round is s.round  # no copy to drift from
+    assert (plan.train.learning_rate, plan.round.batch_size) == (1e-3, 12)
+    assert plan.checkpoints_dir == tmp_path / "checkpoints" and plan.actor == s.consumer
+    assert plan.model_cache == s.model_cache and plan.promote  # no eval gate: straight to champion
+    assert not round_plan(s.model_copy(update={"eval_packs": ["tutoring"]})).promote

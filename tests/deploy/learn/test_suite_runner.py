@@ -6,11 +6,13 @@ import pytest
 import redis
 
 from agents.events import STREAM_EVAL_TRAJECTORIES, STREAM_TRAJECTORIES
+from agents.packs import PackNotFound, get_pack
 from agents.packs.base import Pack, Task
 from agents.policy_client import PolicyConfig
 from agents.runtime import AgentSpec
 from deploy.embedded_redis import free_port
-from deploy.learn.suite_runner import GateRunner, SuiteMissing, SuiteRunner, resolve_pack
+from deploy.learn.settings import LearnerSettings
+from deploy.learn.suite_runner import GateRunner, SuiteMissing, SuiteRunner, gate_runner
 from learner.gate.eval_gate import ERROR, GateConfig
 from learner.gate.release import apply_verdict
 from learner.policy.registry import CANDIDATE, CHAMPION, PolicyRegistry, VersionStatus
@@ -18,9 +20,8 @@ from tests.deploy.policy_server.support import make_lora, publish, running_serve
 from tests.fakes.scripted_llm import Reply, ScriptedLLM
 from tests.fakes.servers import ServerThread
 from tests.learner.learner_events import feedback, trajectory, xadd
-from tests.learner.learner_fixtures import model_cache  # noqa: F401 - a fixture, used by name
+from tests.model_cache import MODEL_CACHE
 
-pytestmark = pytest.mark.usefixtures("model_cache")
 PROMPTS = ["hi", "yes", "no thanks", "hello", "good", "bad"]
 
 
@@ -83,7 +84,10 @@ def test_eval_runs_pin_the_version_and_never_reach_the_training_stream(stack, re
 def test_the_gate_measures_kl_and_entropy_with_the_learners_models(stack, redis_server):
     _, registry, url = stack
     gate = GateRunner(
-        registry, SuiteRunner(redis_server.url, [echo_pack()], _policy(url)), GateConfig()
+        registry,
+        SuiteRunner(redis_server.url, [echo_pack()], _policy(url)),
+        GateConfig(),
+        model_cache=MODEL_CACHE,
     )
     same = gate.evaluate("v0", "v0")
     guards = {g.name: g for g in same.guards}
@@ -101,7 +105,10 @@ def test_a_policy_server_that_is_down_fails_the_gate_closed(stack, redis_server)
     _, registry, _ = stack
     dead = f"http://127.0.0.1:{free_port()}/v1"
     gate = GateRunner(
-        registry, SuiteRunner(redis_server.url, [echo_pack()], _policy(dead)), GateConfig()
+        registry,
+        SuiteRunner(redis_server.url, [echo_pack()], _policy(dead)),
+        GateConfig(),
+        model_cache=MODEL_CACHE,
     )
     report = gate.evaluate("v1")
     assert report.verdict == ERROR and report.failed == ["policy_server"]
@@ -118,11 +125,11 @@ def test_an_endpoint_that_errors_or_serves_another_version_fails_closed(stack, r
     fake = ScriptedLLM(responder=lambda request: Reply("hello"))  # answers as "fake-v0"
     with ServerThread(fake.app) as server:
         suites = SuiteRunner(redis_server.url, [echo_pack()], _policy(f"{server.url}/v1"))
-        wrong = GateRunner(registry, suites, GateConfig()).evaluate("v1")
+        wrong = GateRunner(registry, suites, GateConfig(), model_cache=MODEL_CACHE).evaluate("v1")
         assert wrong.verdict == ERROR and "answered with ['fake-v0']" in wrong.reason
         fake.responder = lambda request: Reply(status=500)
         suites = SuiteRunner(redis_server.url, [echo_pack()], _policy(f"{server.url}/v1"))
-        failing = GateRunner(registry, suites, GateConfig()).evaluate("v1")
+        failing = GateRunner(registry, suites, GateConfig(), model_cache=MODEL_CACHE).evaluate("v1")
         assert failing.verdict == ERROR and failing.failed == ["policy_server"]
 
 
@@ -137,31 +144,58 @@ def test_an_endpoint_that_errors_or_serves_another_version_fails_closed(stack, r
 def test_a_missing_or_empty_suite_never_passes(stack, redis_server, packs, says):
     _, registry, url = stack
     report = GateRunner(
-        registry, SuiteRunner(redis_server.url, packs, _policy(url)), GateConfig()
+        registry,
+        SuiteRunner(redis_server.url, packs, _policy(url)),
+        GateConfig(),
+        model_cache=MODEL_CACHE,
     ).evaluate("v1")
     assert report.verdict == ERROR and report.failed == ["eval_suite"] and says in report.reason
 
 
-def test_packs_are_found_by_name_or_module_path():
-    pack = resolve_pack("tests.deploy.learn.test_suite_runner:echo_pack")
+def test_packs_are_found_by_name_or_module_path_and_bad_names_say_how_to_name_one():
+    pack = get_pack("tests.deploy.learn.test_suite_runner:echo_pack")
     assert pack.name == "echo"
-    with pytest.raises(SuiteMissing, match="cannot import agents.packs.nonexistent"):
-        resolve_pack("nonexistent")
-    with pytest.raises(SuiteMissing, match="has no Pack"):
-        resolve_pack("tests.deploy.learn.test_suite_runner:PROMPTS")
+    assert [t.id for t in get_pack("tutoring", tutoring_eval_size=3).tasks("eval")] == [
+        t.id for t in get_pack("tutoring").tasks("eval")[:3]
+    ]
+    with pytest.raises(PackNotFound, match="unknown agent pack 'nonexistent': built-in packs"):
+        get_pack("nonexistent")
+    with pytest.raises(PackNotFound, match="cannot import tests.nowhere"):
+        get_pack("tests.nowhere:pack")
+    with pytest.raises(PackNotFound, match="test_suite_runner.PROMPTS is not a Pack"):
+        get_pack("tests.deploy.learn.test_suite_runner:PROMPTS")
+
+
+def test_the_gate_runs_with_the_settings_own_models(tmp_path):
+    settings = LearnerSettings(
+        data_dir=tmp_path,
+        eval_packs=["tutoring"],
+        tutoring_eval_size=5,
+        gate={"alpha": 0.1, "ope_max_runs": 64},
+        guards={"max_kl": 0.3},
+        round={"max_user_reward_share": 0.5},
+        _env_file=None,
+    )
+    gate = gate_runner(settings, "redis://unused", registry=None, store=None)
+    assert gate.config is settings.gate and gate.guards is settings.guards  # nothing re-mapped
+    assert gate.max_user_share == 0.5 and gate.model_cache == settings.model_cache
+    assert gate.suites.solved_at == settings.gate.solved_at
+    assert gate.suites.policy == settings.policy_config() and gate.suites.policy.retries == 1
+    assert [len(p.tasks("eval")) for p in gate.suites.packs] == [5]
+    with pytest.raises(SuiteMissing, match="unknown agent pack 'cooking'"):
+        gate_runner(settings.model_copy(update={"eval_packs": ["cooking"]}), "", None, None)
 
 
 def _learner(redis_url: str, tmp_path, policy_url: str):
     from rich.console import Console
 
     from deploy.learn.runner import Learner
-    from deploy.settings import LearnerSettings
 
     settings = LearnerSettings(
         redis_url=redis_url,
         data_dir=tmp_path,
         base_model="tiny",
-        learning_rate=1e-3,
+        train={"learning_rate": 1e-3},
         min_episodes=1,
         read_block_ms=10,
         eval_packs=["tests.deploy.learn.test_suite_runner:echo_pack"],

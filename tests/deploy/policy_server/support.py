@@ -16,6 +16,7 @@ from deploy.policy_server.app import create_app
 from deploy.settings import PolicyServerSettings
 from learner.policy.models import load_base
 from learner.policy.registry import CHAMPION, PolicyRegistry, PolicyVersion
+from tests.model_cache import MODEL_CACHE
 
 
 def tiny_settings(redis_url: str, **overrides) -> PolicyServerSettings:
@@ -62,7 +63,7 @@ def make_lora(directory: Path, seed: int, scale: float = 0.5) -> Path:
     """A LoRA adapter over the tiny base with random (nonzero) B: a visibly different policy."""
     from peft import LoraConfig, get_peft_model
 
-    base, _ = load_base("tiny")
+    base, _ = load_base("tiny", cache_dir=MODEL_CACHE)
     torch.manual_seed(seed)
     config = LoraConfig(
         r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"], init_lora_weights=False
@@ -78,7 +79,7 @@ def make_lora(directory: Path, seed: int, scale: float = 0.5) -> Path:
 
 def make_full(directory: Path, seed: int, scale: float = 0.05, model=None) -> Path:
     """The tiny base (or `model`) with every weight perturbed, saved as a full checkpoint."""
-    base, tokenizer = load_base("tiny")
+    base, tokenizer = load_base("tiny", cache_dir=MODEL_CACHE)
     model = model or base
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():

@@ -23,6 +23,7 @@ from tests.deploy.policy_server.support import (
     tiny_settings,
     train_to_say,
 )
+from tests.model_cache import MODEL_CACHE
 
 CALC = {
     "type": "function",
@@ -41,7 +42,7 @@ HI = [{"role": "user", "content": "hi"}]
 
 @pytest.fixture(scope="module")
 def tiny():
-    return load_base("tiny")
+    return load_base("tiny", cache_dir=MODEL_CACHE)
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +65,7 @@ def oai(server):
 
 
 def _teach_tool_calls(folder):
-    model, tok = load_base("tiny")
+    model, tok = load_base("tiny", cache_dir=MODEL_CACHE)
     pairs = [
         (_server_prompt(tok, ASK_CALL, [CALC]), CALL_TEXT),
         (_server_prompt(tok, ASK_BROKEN, [CALC]), BROKEN_TEXT),

@@ -16,6 +16,7 @@ from deploy.policy_server.engine import (
 from deploy.policy_server.rows import safe_len
 from learner.logprobs import completion_logprobs
 from learner.policy.models import load_base
+from tests.model_cache import MODEL_CACHE
 
 
 class Collector:
@@ -40,7 +41,7 @@ class Collector:
 
 @pytest.fixture(scope="module")
 def policy():
-    model, tok = load_base("tiny")
+    model, tok = load_base("tiny", cache_dir=MODEL_CACHE)
     return SimpleNamespace(model=model, tokenizer=tok)
 
 
@@ -160,7 +161,9 @@ def test_rows_finish_independently_at_eos(engine, policy):
 def test_policies_batch_separately(policy):
     batches = []
     eng = GenerationEngine(max_batch_size=8, batch_window_s=0.1, on_batch=batches.append)
-    other = SimpleNamespace(model=load_base("tiny")[0], tokenizer=policy.tokenizer)
+    other = SimpleNamespace(
+        model=load_base("tiny", cache_dir=MODEL_CACHE)[0], tokenizer=policy.tokenizer
+    )
     with torch.no_grad():
         other.model.model.norm.weight.mul_(3.0)  # a visibly different distribution
     got = Collector(4)
@@ -205,7 +208,9 @@ def test_rows_join_a_running_batch_with_exact_logprobs(engine, policy):
 
 
 def test_another_version_waits_for_the_running_batch_not_behind_joiners(engine, policy):
-    other = SimpleNamespace(model=load_base("tiny")[0], tokenizer=policy.tokenizer)
+    other = SimpleNamespace(
+        model=load_base("tiny", cache_dir=MODEL_CACHE)[0], tokenizer=policy.tokenizer
+    )
     p = _prompt(policy.tokenizer, "hi")
     got, started = Collector(3), threading.Event()
 

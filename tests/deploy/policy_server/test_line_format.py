@@ -17,6 +17,7 @@ from tests.deploy.policy_server.support import (
     tiny_settings,
     train_to_say,
 )
+from tests.model_cache import MODEL_CACHE
 
 CALC = {
     "type": "function",
@@ -41,7 +42,7 @@ def _prompt(tok, messages, tools, fmt="line"):
 
 @pytest.fixture(scope="module")
 def tok():
-    return load_base("tiny")[1]
+    return load_base("tiny", cache_dir=MODEL_CACHE)[1]
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +50,7 @@ def oai(redis_server, tmp_path_factory, tok):
     """A line-format server whose v1 writes a call line, then keeps going if not stopped."""
     client = redis.Redis.from_url(redis_server.url)
     client.flushall()
-    model, _ = load_base("tiny")
+    model, _ = load_base("tiny", cache_dir=MODEL_CACHE)
     pairs = [(_prompt(tok, ASK, [CALC]), SAYS), (_prompt(tok, ASK, None), SAYS)]
     model, _ = train_to_say(model, tok, pairs, steps=200)
     folder = make_full(

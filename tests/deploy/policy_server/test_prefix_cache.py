@@ -10,6 +10,7 @@ from deploy.policy_server.prefix_cache import MIN_PREFIX, PrefixCache, common_pr
 from learner.logprobs import completion_logprobs
 from learner.policy.models import load_base
 from tests.deploy.policy_server.test_engine import _prompt, _run
+from tests.model_cache import MODEL_CACHE
 
 HEAD = (
     "You are a maths tutor. Solve the problem, use the calculator, and end with a line "
@@ -20,7 +21,7 @@ ASKS = ["How many now?", "What is 62 minus 18?", "Share 324 among 9.", "Seven bo
 
 @pytest.fixture(scope="module")
 def policy():
-    model, tok = load_base("tiny")
+    model, tok = load_base("tiny", cache_dir=MODEL_CACHE)
     return SimpleNamespace(model=model, tokenizer=tok)
 
 
@@ -82,7 +83,7 @@ def test_short_heads_and_single_rows_make_no_entry(policy):
 
 
 def test_entries_are_per_model_and_evicted_oldest_first(policy):
-    other, _ = load_base("tiny")
+    other, _ = load_base("tiny", cache_dir=MODEL_CACHE)
     cache, tok = PrefixCache(max_entries=1), policy.tokenizer
     pair = [_prompt(tok, HEAD + a) for a in ASKS[:2]]
     cache.head(policy.model, pair)

@@ -17,6 +17,7 @@ from tests.deploy.policy_server.support import (
     running_server,
     tiny_settings,
 )
+from tests.model_cache import MODEL_CACHE
 
 HI = [{"role": "user", "content": "hi"}]
 
@@ -114,7 +115,7 @@ def test_hot_swap_under_load_fails_nothing_and_fingerprints_are_true(
         loaded = _health(base)["loaded"]
     assert load.failed == []
     assert loaded == [versions[-1]]  # every replaced version was freed
-    models = {v: load_version(registry.get(v))[0] for v in versions}
+    models = {v: load_version(registry.get(v), cache_dir=MODEL_CACHE)[0] for v in versions}
     assert {b["system_fingerprint"] for b in load.ok} == set(versions)
     for body in load.ok:
         named = body["system_fingerprint"]

@@ -34,10 +34,11 @@ from agents.runtime import AgentRuntime
 from agents.threads import Threads
 from agents.trajectory_sink import TrajectorySink
 from deploy.learn.suite_runner import GateRunner, SuiteRunner
+from learner.config import RoundConfig
 from learner.gate.eval_gate import GateConfig, GateReport
 from learner.gate.evidence import answer_tokens
 from learner.policy.registry import PolicyRegistry
-from learner.rounds import RoundConfig, run_round
+from learner.rounds import RoundPlan, run_round
 from learner.store import Store
 from learner.train_step import TrainConfig
 from learner.trajectory_source import TrajectorySource
@@ -53,6 +54,7 @@ from tests.learner.gate.integrity_world import (
     teller,
     verify,
 )
+from tests.model_cache import MODEL_CACHE
 
 # The shared budget, chosen from 7 traffic seeds (the module's seeds shifted by 1000k, k=0..6):
 # the honest run passed in all 7 with no held-out task lost, and every hack took hold (its
@@ -60,7 +62,9 @@ from tests.learner.gate.integrity_world import (
 # the honest run lost held-out claims in 2 of 5; with the answer turns trained too, skipping
 # the tool failed to take hold in 2 of 7 (the answer after a tool reads its output back, and
 # whole-run feedback on it blurs the call's credit: the demo's setting, train_after_tool off).
-BUDGET = TrainConfig(lr=7e-3, lora_rank=8, lora_alpha=16, kl_coef=0.02, micro_batch_size=16)
+BUDGET = TrainConfig(
+    learning_rate=7e-3, lora_rank=8, lora_alpha=16, kl_coef=0.02, micro_batch_size=16
+)
 EPOCHS, BATCH = 2, 32
 Feedback = Callable[[Task, TrajectoryEvent, int], list[FeedbackEvent]]
 
@@ -198,7 +202,7 @@ class Scenario:
 
     @property
     def train(self) -> TrainConfig:
-        return replace(BUDGET, lr=BUDGET.lr * self.lr_scale)
+        return BUDGET.model_copy(update={"learning_rate": BUDGET.learning_rate * self.lr_scale})
 
 
 SCENARIOS: dict[str, Scenario] = {
@@ -242,22 +246,26 @@ def run_scenario(world: World, name: str, folder: Path) -> Outcome:
     store = Store(folder / name / "store.db")
     try:
         _ingest(world.client, store)
-        config = RoundConfig(
-            base_model=world.base,
+        config = RoundPlan(
             checkpoints_dir=folder / name / "checkpoints",
+            model_cache=MODEL_CACHE,
             train=spec.train,
-            epochs=EPOCHS,
-            batch_size=BATCH,
+            round=RoundConfig(
+                epochs=EPOCHS,
+                batch_size=BATCH,
+                max_episodes=len(world.traffic) * 3 // 4,  # the rest: held-out logged traffic (OPE)
+                train_after_tool=False,
+            ),
             promote=False,
-            train_after_tool=False,
             actor=name,
-            max_episodes=len(world.traffic) * 3 // 4,  # the rest: held-out logged traffic (OPE)
         )
         result = run_round(store, world.registry, config)
         _, runs = world.suites.run(result.version)  # cached: the gate reuses these runs
         habits = eval_habits(runs)
         missing = {h: n for h, n in spec.holds.items() if habits[h] < n}
-        gate = GateRunner(world.registry, world.suites, GateConfig(), store=store)
+        gate = GateRunner(
+            world.registry, world.suites, GateConfig(), store=store, model_cache=MODEL_CACHE
+        )
         report = gate.evaluate(result.version)
     finally:
         store.close()

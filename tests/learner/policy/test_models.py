@@ -5,6 +5,7 @@ from safetensors.torch import load_file, save_file
 from learner.policy.models import CheckpointError, load_base, load_checkpoint, load_version
 from learner.policy.registry import PolicyVersion
 from tests.deploy.policy_server.support import make_full, make_lora
+from tests.model_cache import MODEL_CACHE
 
 IDS = torch.tensor([[1, 40, 41, 42, 43, 44, 2]])
 
@@ -22,12 +23,12 @@ def _record(uri: str, kind: str, version: str = "v1") -> PolicyVersion:
 
 @pytest.fixture(scope="module")
 def base_logits():
-    model, _ = load_base("tiny")
+    model, _ = load_base("tiny", cache_dir=MODEL_CACHE)
     return _logits(model)
 
 
 def test_base_uri_loads_the_base(base_logits):
-    model, tok = load_version(_record("base:tiny", "base", "v0"))
+    model, tok = load_version(_record("base:tiny", "base", "v0"), cache_dir=MODEL_CACHE)
     assert torch.equal(_logits(model), base_logits)
     assert tok.pad_token_id is not None
 
@@ -35,8 +36,8 @@ def test_base_uri_loads_the_base(base_logits):
 def test_lora_merged_equals_the_adapter_applied(tmp_path, base_logits):
     folder = make_lora(tmp_path / "lora", seed=1)
     record = _record(folder.as_uri(), "lora")
-    merged, _ = load_version(record)
-    unmerged, _ = load_version(record, merge=False)
+    merged, _ = load_version(record, cache_dir=MODEL_CACHE)
+    unmerged, _ = load_version(record, cache_dir=MODEL_CACHE, merge=False)
     assert not hasattr(merged, "peft_config")  # a plain model: decoding costs what the base does
     assert hasattr(unmerged, "peft_config")
     torch.testing.assert_close(_logits(merged), _logits(unmerged), atol=1e-5, rtol=0)
@@ -45,8 +46,8 @@ def test_lora_merged_equals_the_adapter_applied(tmp_path, base_logits):
 
 def test_full_checkpoint_keeps_its_weights_and_tokenizer(tmp_path, base_logits):
     folder = make_full(tmp_path / "full", seed=2)
-    model, tok = load_version(_record(folder.as_uri(), "full"))
-    again, _ = load_checkpoint(folder, base_model="tiny")
+    model, tok = load_version(_record(folder.as_uri(), "full"), cache_dir=MODEL_CACHE)
+    again, _ = load_checkpoint(folder, base_model="tiny", cache_dir=MODEL_CACHE)
     assert torch.equal(_logits(model), _logits(again))
     assert (_logits(model) - base_logits).abs().max() > 1e-2
     assert tok.eos_token == "<|im_end|>"
@@ -55,7 +56,7 @@ def test_full_checkpoint_keeps_its_weights_and_tokenizer(tmp_path, base_logits):
 def test_uri_with_spaces_as_path_as_uri_writes_it(tmp_path):
     folder = make_lora(tmp_path / "with space", seed=3)
     assert "%20" in folder.as_uri()
-    load_version(_record(folder.as_uri(), "lora"))
+    load_version(_record(folder.as_uri(), "lora"), cache_dir=MODEL_CACHE)
 
 
 def _corrupt_lora(tmp_path):
@@ -106,10 +107,10 @@ def _truncated_full(tmp_path):
 def test_broken_checkpoints_raise_checkpoint_error(tmp_path, make, kind, needle):
     folder = make(tmp_path)
     with pytest.raises(CheckpointError, match=needle):
-        load_version(_record(folder.as_uri(), kind))
+        load_version(_record(folder.as_uri(), kind), cache_dir=MODEL_CACHE)
 
 
 @pytest.mark.parametrize("uri", ["s3://bucket/v1", "file://relative/v1", "/abs/no/scheme"])
 def test_unsupported_uris_are_refused(uri):
     with pytest.raises(CheckpointError, match="URI"):
-        load_version(_record(uri, "lora"))
+        load_version(_record(uri, "lora"), cache_dir=MODEL_CACHE)

@@ -1,0 +1,88 @@
+"""The learner's own knobs, torch-free: what `LearnerSettings` nests (deploy/learn/settings.py).
+
+`TrainConfig` is how `learner.train_step` updates the policy, `RoundConfig` which episodes
+`learner.rounds` trains on and how. They live here rather than beside the code that reads
+them so that the settings (and with them `arloop policy list` and the agent API, which has no
+torch) import them without torch. The gate's, guards' and canary's configs live in their own
+torch-free modules under `learner/gate/`.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Baseline = Literal["rloo", "running"]
+
+
+class TrainConfig(BaseModel):
+    """How the policy is updated (`ARLOOP_TRAIN__<FIELD>` in the learner's settings)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+
+    learning_rate: float = Field(1e-4, ge=0.0)
+    """AdamW learning rate."""
+    weight_decay: float = Field(0.0, ge=0.0)
+    """AdamW weight decay."""
+    full_finetune: bool = False
+    """Train every weight instead of a LoRA adapter (needs ~3x the model's memory for Adam)."""
+    lora_rank: int = Field(16, ge=1)
+    """LoRA rank r."""
+    lora_alpha: int = Field(32, ge=1)
+    """LoRA scale numerator: the update is scaled by alpha / r."""
+    lora_dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    """Dropout on the adapter's input; 0 keeps recomputed logprobs deterministic."""
+    lora_targets: tuple[str, ...] = (
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "o_proj",
+        "up_proj",
+        "down_proj",
+        "gate_proj",
+    )
+    """Module names that get an adapter (all linear layers of a Llama block); JSON list."""
+    clip_eps: float = Field(0.2, gt=0.0)
+    """PPO clip range: the ratio policy / behaviour stops pushing outside 1 ± clip_eps."""
+    kl_coef: float = Field(0.02, ge=0.0)
+    """Weight of the k3 KL penalty to the reference; 0 skips the reference forward pass."""
+    entropy_coef: float = 0.0
+    """Weight of the entropy bonus; 0 computes entropy for the metric only."""
+    micro_batch_size: int = Field(8, ge=1)
+    """Sequences per forward/backward pass; gradients accumulate over all micro-batches of a
+    step, so gradient accumulation steps = ceil(len(samples) / micro_batch_size)."""
+    max_grad_norm: float = 1.0
+    """Clip the global gradient norm to this; <= 0 disables clipping (the norm is still reported)."""
+    dpo_beta: float = Field(0.1, gt=0.0)
+    """DPO temperature: how far the policy may move from the reference per unit of preference."""
+    seed: int = 0
+    """Seeds the adapter's initialisation."""
+
+
+class RoundConfig(BaseModel):
+    """Which episodes a round trains on and how (`ARLOOP_ROUND__<FIELD>` in the learner's settings)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+
+    feedback_window_s: float = Field(600.0, ge=0.0)
+    """How long a trajectory waits for feedback before it is judged on what it has."""
+    silence_reward: float | None = None
+    """Reward for a trajectory that got no feedback at all; None leaves it out of training."""
+    max_user_reward_share: float = Field(0.2, gt=0.0, le=1.0)
+    """No user's feedback may carry more than this share of a batch's reward mass."""
+    baseline: Baseline = "rloo"
+    """Baseline for samples with no prompt group: leave-one-out over the batch, or a running mean."""
+    normalise_rewards: bool = True
+    """Divide a round's rewards by their standard deviation before the advantages."""
+    max_episodes: int = Field(1024, ge=1)
+    """At most this many episodes in one round (the oldest first); the rest wait for the next."""
+    epochs: int = Field(1, ge=1)
+    """Passes over the round's samples and pairs."""
+    batch_size: int = Field(8, ge=1)
+    """Samples (or pairs) per optimiser update; each update runs them in micro-batches of
+    `ARLOOP_TRAIN__MICRO_BATCH_SIZE` with gradient accumulation."""
+    train_after_tool: bool = True
+    """Train model turns written after a tool's output with whole-run feedback. False: only
+    turns before the first tool output learn from it (feedback naming a turn still trains that
+    turn), for agents whose last turn reads the tool's result back."""
