@@ -217,17 +217,7 @@ def headline(report: Report) -> str:
 
 def markdown(report: Report) -> str:
     """The report as Markdown: headline, the table per version, verdict reasons, timings."""
-    head = [
-        "version",
-        "parent",
-        "gate",
-        "held-out success (95% CI)",
-        "thumbs-up",
-        "user reward",
-        "train reward",
-        "KL to base",
-        "answer tokens",
-    ]
+    head = list(COLUMNS)
     lines = [
         "# arloop demo report",
         "",
@@ -246,6 +236,20 @@ def markdown(report: Report) -> str:
         lines += ["", "## Time", ""]
         lines += [f"- {k}: {v:.0f} s" for k, v in report.seconds.items()]
     return "\n".join(lines) + "\n"
+
+
+COLUMNS = (
+    "version",
+    "parent",
+    "gate",
+    "held-out success (95% CI)",
+    "thumbs-up",
+    "user reward",
+    "train reward",
+    "KL to base",
+    "answer tokens",
+)
+"""The columns of the per-version table, as `table_cells` fills them (terminal and Markdown)."""
 
 
 def table_cells(r: VersionRow, champion: str) -> list[str]:

@@ -32,7 +32,7 @@ from rich.console import Console
 from rich.table import Table
 
 from agents.packs.base import Pack
-from deploy.demo.report import Report, build_report, headline, markdown, table_cells
+from deploy.demo.report import COLUMNS, Report, build_report, headline, markdown, table_cells
 from deploy.demo.rounds import (
     RoundRecord,
     round_tasks,
@@ -279,17 +279,7 @@ def _jsonable(d: dict[str, Any]) -> dict[str, Any]:
 
 def print_report(report: Report, folder: Path, console: Console) -> None:
     table = Table(title="arloop demo: the policy by version")
-    for name in (
-        "version",
-        "parent",
-        "gate",
-        "held-out success (95% CI)",
-        "thumbs-up",
-        "user reward",
-        "train reward",
-        "KL to base",
-        "answer tokens",
-    ):
+    for name in COLUMNS:
         table.add_column(name)
     for row in report.versions:
         table.add_row(*table_cells(row, report.champion))
