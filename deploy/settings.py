@@ -94,6 +94,11 @@ class PolicyEndpointSettings(CommonSettings):
     """API key sent to the policy endpoint (arloop's policy server ignores it)."""
     policy_timeout_s: float = Field(60.0, gt=0.0)
     """Seconds one model call may take before it fails (504 on the agent API)."""
+    policy_temperature: float | None = None
+    """Sampling temperature the agents send to the policy; unset leaves the endpoint's default
+    (1.0 on arloop's policy server). The learner's sub-rounds resample at it."""
+    policy_max_tokens: int | None = 512
+    """Completion tokens per model call of the agents (and of the learner's resampling)."""
 
     def policy_config(self) -> PolicyConfig:
         """The policy client's configuration: this endpoint, called as this process calls it."""
@@ -117,6 +122,11 @@ class ModelSettings(CommonSettings):
     """`smollm2` (bundled SmolLM2-135M-Instruct), a Hugging Face id or path, or `tiny` (tests)."""
     model_cache: Path = Path.home() / ".cache" / "arloop"
     """Where `smollm2` is converted to safetensors and `tiny` built, once per cache."""
+    tool_format: Literal["auto", "hermes", "line"] = "auto"
+    """How tools and tool calls are written in the prompt (the policy server renders them, the
+    learner replays runs alike): `hermes` (`<tool_call>{json}`), or
+    `line` (`CALL calculator: 2+3`, which SmolLM2-135M follows where it cannot write Hermes);
+    `auto` is `line` for the bundled `smollm2`, `hermes` for any other model."""
 
 
 class AgentApiSettings(PolicyEndpointSettings):
@@ -134,10 +144,6 @@ class AgentApiSettings(PolicyEndpointSettings):
     """Retries of a model call on connection errors, timeouts, 429 and 5xx (with backoff)."""
     policy_versioned: bool = True
     """Route by policy version (`<model>@champion`, `@candidate`): needs arloop's policy server."""
-    policy_temperature: float | None = None
-    """Sampling temperature sent to the policy; unset leaves the endpoint's default."""
-    policy_max_tokens: int | None = 512
-    """Completion tokens per model call."""
     canary_share: float = Field(0.10, ge=0.0, le=1.0)
     """Share of new threads sent to the `candidate` version while one exists."""
     packs: list[str] = Field(default_factory=lambda: ["tutoring", "medical"])
@@ -219,7 +225,3 @@ class PolicyServerSettings(ModelSettings):
     """Prompt plus completion tokens; unset uses the model's `max_position_embeddings`."""
     prefix_cache: int = Field(8, ge=0)
     """Shared prompt heads (system prompt, worked example) whose KV is kept for reuse; 0: off."""
-    tool_format: Literal["auto", "hermes", "line"] = "auto"
-    """How tools and tool calls are written in the prompt: `hermes` (`<tool_call>{json}`), or
-    `line` (`CALL calculator: 2+3`, which SmolLM2-135M follows where it cannot write Hermes);
-    `auto` is `line` for the bundled `smollm2`, `hermes` for any other model."""

@@ -74,7 +74,7 @@ class RoundConfig(BaseModel):
     baseline: Baseline = "rloo"
     """Baseline for samples with no prompt group: leave-one-out over the batch, or a running mean."""
     normalise_rewards: bool = True
-    """Divide a round's rewards by their standard deviation before the advantages."""
+    """Divide the advantages by the batch's reward std (after the group mean or baseline)."""
     max_episodes: int = Field(1024, ge=1)
     """At most this many episodes in one round (the oldest first); the rest wait for the next."""
     epochs: int = Field(1, ge=1)
@@ -86,3 +86,15 @@ class RoundConfig(BaseModel):
     """Train model turns written after a tool's output with whole-run feedback. False: only
     turns before the first tool output learn from it (feedback naming a turn still trains that
     turn), for agents whose last turn reads the tool's result back."""
+    subrounds: int = Field(2, ge=0)
+    """Verified on-policy sub-rounds per round: labelled prompts resampled from the weights
+    being trained, run through the agent's tools, checked against their label, one update
+    group-relative; 0: learn from the feedback alone (no labels, no resampling)."""
+    resample_n: int = Field(4, ge=2)
+    """Runs per labelled prompt in each sub-round (the group its advantages are relative to)."""
+    max_resample_prompts: int = Field(16, ge=1)
+    """Labelled prompts resampled per sub-round at most (the most confident first)."""
+    label_noise: float = Field(0.05, gt=0.0, lt=0.5)
+    """Share of users' judgements assumed flipped: how much one thumbs-up says (0.05: 95 %)."""
+    label_threshold: float = Field(0.9, gt=0.5, lt=1.0)
+    """Confidence the votes must give an answer before it labels its prompt."""

@@ -1,7 +1,9 @@
 """Named crash points for the kill -9 tests: `ARLOOP_CRASH_AT=<name>` SIGKILLs the process there.
 
 Points: after_read (read from Redis, not persisted), after_persist (persisted, not acked),
-during_train (trained, no checkpoint), after_checkpoint (checkpoint renamed, ledger not
+during_subround (a verified
+sub-round updated the weights, more to come), during_train (trained, no checkpoint),
+after_checkpoint (checkpoint renamed, ledger not
 committed), after_commit (ledger committed, registry not told). Unset in production.
 """
 

@@ -19,7 +19,6 @@ The rule, in order:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
 
@@ -134,12 +133,3 @@ def batch_rewards(
 def keep_turns(reward: EpisodeReward, turns: Collection[int]) -> EpisodeReward:
     """The reward with only `turns` left to train (the trajectory's scalar unchanged)."""
     return replace(reward, turns={t: r for t, r in reward.turns.items() if t in turns})
-
-
-def normalise(values: Sequence[float], eps: float = 1e-6) -> list[float]:
-    """Divide by the batch's standard deviation (signs kept; baselines do the centring)."""
-    if len(values) < 2:
-        return list(values)
-    mean = sum(values) / len(values)
-    std = math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
-    return [v / std for v in values] if std > eps else list(values)

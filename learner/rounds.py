@@ -7,7 +7,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,6 +18,7 @@ from learner.advantages import RunningBaseline
 from learner.config import RoundConfig, TrainConfig
 from learner.crashpoints import crash_point
 from learner.episodes import Episode, settle, trainable_episodes
+from learner.labels import Grounding, find_labels
 from learner.policy.models import checkpoint_path, load_base, load_checkpoint
 from learner.policy.registry import CHAMPION, PolicyRegistry, PolicyVersion, version_number
 from learner.publish import Published, publish_version
@@ -27,7 +28,8 @@ from learner.samples import (
     build_training_data,
     reads_tool_output,
 )
-from learner.store import Store, chunks
+from learner.store import Store, even_chunks
+from learner.subrounds import Replays, Sampling, SubroundResult, plan_replays, run_subrounds
 from learner.train_step import PolicyTrainer
 
 log = logging.getLogger(__name__)
@@ -47,6 +49,10 @@ class RoundPlan:
     round: RoundConfig = field(default_factory=RoundConfig)
     actor: str = "learner"
     promote: bool = True  # False: publish READY and leave the aliases to the eval gate
+    grounding: Mapping[str, Grounding] = field(default_factory=dict)
+    """Per agent name, what its pack lets the learner label and replay (none: feedback only)."""
+    sampling: Sampling = field(default_factory=Sampling)
+    """How the agents sample (temperature, max tokens): sub-rounds resample alike."""
 
 
 @dataclass(frozen=True)
@@ -90,16 +96,37 @@ def run_round(
     episodes = sorted(episodes, key=content_key)  # the same batches whatever the arrival order
     parent = registry.get(registry.resolve(CHAMPION))
     model, tokenizer, adapter_dir = load_parent(parent, plan)
-    data = _training_data(store, episodes, tokenizer, config)
-    used = set(data.used)
+    replays = _replays(episodes, tokenizer, plan)
+    rest = [n for n in range(len(episodes)) if n not in replays.episodes]
+    data = _training_data(store, [episodes[n] for n in rest], tokenizer, config, plan.grounding)
+    used = {rest[n] for n in data.used} | replays.episodes
     unusable = [i for n, e in enumerate(episodes) if n not in used for i in e.event_ids]
-    if not data.samples and not data.pairs:
+    if not data.samples and not data.pairs and not replays.starts:
         store.settle(unusable, UNTRAINABLE)
         return None
     trainer = PolicyTrainer(model, tokenizer.pad_token_id, plan.train, adapter_dir=adapter_dir)
-    metrics = _train(trainer, data, config, version_number(parent.version), should_stop)
+    current = version_number(parent.version)
+    stop = _stopper(should_stop)
+    pg = [trainer.step(c, current_version=current) for c in _pg_chunks(data, config, stop)]
+    sub = run_subrounds(
+        trainer,
+        tokenizer,
+        episodes,
+        replays,
+        config,
+        plan.sampling,
+        seed=plan.train.seed * 7919 + (current or 0),
+        current_version=current,
+        check_stop=stop,
+    )
+    pairs = data.pairs + sub.pairs
+    dpo = [trainer.dpo_step(c) for c in _dpo_chunks(pairs, config, stop)]
+    if not pg and not sub.updates and not dpo:  # every group tied: nothing to learn from them
+        store.settle([i for e in episodes for i in e.event_ids], UNTRAINABLE)
+        return None
+    metrics = _round_metrics(pg + sub.updates, dpo, data, sub)
     crash_point("during_train")
-    trained = [i for n in data.used for i in episodes[n].event_ids]
+    trained = [i for n in sorted(used) for i in episodes[n].event_ids]
 
     def save(directory: Path) -> None:
         trainer.save(directory)
@@ -123,9 +150,9 @@ def run_round(
     return RoundResult(
         version=published.version,
         parent=parent.version,
-        episodes=len(data.used),
-        samples=len(data.samples),
-        pairs=len(data.pairs),
+        episodes=len(used),
+        samples=len(data.samples) + sub.samples,
+        pairs=len(pairs),
         skipped_steps=data.skipped_steps,
         reward_mean=sum(rewards) / len(rewards) if rewards else math.nan,
         metrics=metrics,
@@ -169,8 +196,27 @@ def load_parent(parent: PolicyVersion, plan: RoundPlan) -> tuple[torch.nn.Module
     return model, tokenizer, checkpoint_path(parent.checkpoint_uri)
 
 
+def _replays(episodes: Sequence[Episode], tokenizer: Any, plan: RoundPlan) -> Replays:
+    """The labelled prompts this round replays (none without groundings or sub-rounds)."""
+    config = plan.round
+    if not plan.grounding or config.subrounds == 0:
+        return Replays([], [], 0, math.nan)
+    labels = find_labels(
+        episodes,
+        plan.grounding,
+        noise=config.label_noise,
+        threshold=config.label_threshold,
+        max_user_share=config.max_user_reward_share,
+    )
+    return plan_replays(episodes, labels, plan.grounding, config, tokenizer)
+
+
 def _training_data(
-    store: Store, episodes: Sequence[Episode], tokenizer: Any, config: RoundConfig
+    store: Store,
+    episodes: Sequence[Episode],
+    tokenizer: Any,
+    config: RoundConfig,
+    grounding: Mapping[str, Grounding],
 ) -> TrainingData:
     rewards = batch_rewards(
         [e.feedback for e in episodes],
@@ -188,6 +234,8 @@ def _training_data(
         baseline=config.baseline,
         state=RunningBaseline(**store.get_meta(BASELINE_KEY, {})),
         normalise_rewards=config.normalise_rewards,
+        # with a grounding, a correction is a label: a pair only beside a verified run
+        text_pairs=lambda e: e.trajectory.agent not in grounding or config.subrounds == 0,
     )
 
 
@@ -203,23 +251,36 @@ def credited_turns(episode: Episode) -> set[int]:
     return {s.index for s in t.model_steps if not reads_tool_output(t, s) or s.index in named}
 
 
-def _train(
-    trainer: PolicyTrainer,
-    data: TrainingData,
-    config: RoundConfig,
-    current_version: int | None,
-    should_stop: Callable[[], bool],
-) -> dict[str, float]:
-    """`epochs` passes, one optimiser update per `batch_size` samples, then the DPO updates."""
-    pg: list[dict[str, float]] = []
-    dpo: list[dict[str, float]] = []
+def _stopper(should_stop: Callable[[], bool]) -> Callable[[], None]:
+    def check() -> None:
+        if should_stop():
+            raise RoundAborted("stop requested: round abandoned before its checkpoint")
+
+    return check
+
+
+def _pg_chunks(data: TrainingData, config: RoundConfig, stop: Callable[[], None]):
+    """`epochs` passes over the feedback's samples, in equal-size steps of about `batch_size`."""
     for _ in range(config.epochs):
-        for chunk in chunks(data.samples, config.batch_size):
-            _check_stop(should_stop)
-            pg.append(trainer.step(chunk, current_version=current_version))
-        for chunk in chunks(data.pairs, config.batch_size):
-            _check_stop(should_stop)
-            dpo.append(trainer.dpo_step(chunk))
+        for chunk in even_chunks(data.samples, config.batch_size):
+            stop()
+            yield chunk
+
+
+def _dpo_chunks(pairs: list, config: RoundConfig, stop: Callable[[], None]):
+    for _ in range(config.epochs):
+        for chunk in even_chunks(pairs, config.batch_size):
+            stop()
+            yield chunk
+
+
+def _round_metrics(
+    pg: list[dict[str, float]],
+    dpo: list[dict[str, float]],
+    data: TrainingData,
+    sub: SubroundResult,
+) -> dict[str, float]:
+    """The updates' mean metrics, what each reward source gave, and the sub-rounds' figures."""
     metrics = _mean_metrics(pg)
     metrics.update({f"dpo/{k}": v for k, v in _mean_metrics(dpo).items()})
     metrics.update(
@@ -227,12 +288,10 @@ def _train(
         updates=float(len(pg) + len(dpo)),
         skipped_corrections=float(data.skipped_corrections),
     )
+    metrics["reward_sources/feedback"] = float(len(data.samples))
+    metrics["reward_sources/correction_pairs"] = float(len(data.pairs))
+    metrics.update(sub.metrics)
     return {k: v for k, v in metrics.items() if math.isfinite(v)}  # NaN: undefined this round
-
-
-def _check_stop(should_stop: Callable[[], bool]) -> None:
-    if should_stop():
-        raise RoundAborted("stop requested: round abandoned before its checkpoint")
 
 
 def _mean_metrics(runs: list[dict[str, float]]) -> dict[str, float]:

@@ -28,7 +28,7 @@ from learner.advantages import (
 from learner.config import Baseline
 from learner.episodes import Episode
 from learner.policy.registry import version_number
-from learner.rewards import EpisodeReward, normalise
+from learner.rewards import EpisodeReward
 
 
 @dataclass
@@ -90,8 +90,12 @@ def sample_advantages(
     episodes: Sequence[int],
     baseline: Baseline,
     state: RunningBaseline,
+    scale_batch_std: bool = True,
 ) -> tuple[list[float], RunningBaseline]:
-    """Per-sample advantages: GRPO inside groups of 2+ episodes, RLOO or running mean elsewhere."""
+    """Per-sample advantages: centred on the group mean inside groups of 2+ episodes, on RLOO or
+    a running mean elsewhere; then divided by the batch's reward std (TRL's `scale_rewards=
+    "batch"`). A tied group gets 0; a group that differs only by a little noise keeps small
+    advantages, where scaling by its own std would blow them up to about ±1.5."""
     n = len(rewards)
     r = torch.tensor(list(rewards), dtype=torch.float64)  # (N,)
     adv = torch.zeros(n, dtype=torch.float64)  # (N,)
@@ -103,11 +107,13 @@ def sample_advantages(
     if grouped:
         names = sorted({groups[i] for i in grouped})
         ids = torch.tensor([names.index(groups[i]) for i in grouped])  # (G,)
-        adv[grouped] = group_advantages(r[grouped], ids)
+        adv[grouped] = group_advantages(r[grouped], ids, scale_std=False)
     if single and baseline == "rloo":
         adv[single] = rloo_advantages(r[single])
     elif single:
         adv[single], state = running_baseline_advantages(r[single], state)
+    if scale_batch_std and n > 1:
+        adv = adv / (r.std() + 1e-4)
     return adv.tolist(), state
 
 
@@ -147,8 +153,13 @@ def build_training_data(
     baseline: Baseline = "rloo",
     state: RunningBaseline | None = None,
     normalise_rewards: bool = True,
+    text_pairs: Callable[[Episode], bool] = lambda episode: True,
 ) -> TrainingData:
-    """Samples (one per rewarded model step with token ids) and DPO pairs for one round."""
+    """Samples (one per rewarded model step with token ids) and DPO pairs for one round.
+
+    `text_pairs(episode)` False: the episode's correction makes no pair from the user's text
+    (its agent's pack reads corrections as labels, `learner.subrounds`); it is counted.
+    """
     data = TrainingData(baseline=state or RunningBaseline())
     rows: list[tuple[int, ModelStep, float]] = []
     for e, (episode, reward) in enumerate(zip(episodes, rewards, strict=True)):
@@ -160,7 +171,9 @@ def build_training_data(
                 continue
             rows.append((e, step, reward.turns[step.index]))
         found = corrected_step(episode)
-        if found is not None and reads_tool_output(episode.trajectory, found[1]):
+        if found is not None and not text_pairs(episode):
+            data.skipped_corrections += 1
+        elif found is not None and reads_tool_output(episode.trajectory, found[1]):
             # preferred *given the tool's output*, the user's text would teach the model to
             # contradict its tools, while the mistake was upstream (the call); the run still
             # learns from its thumbs and ratings
@@ -170,10 +183,9 @@ def build_training_data(
             data.used.append(e)
     if rows:
         values = [r for _, _, r in rows]
-        values = normalise(values) if normalise_rewards else values
         groups = [group_key(episodes[e].trajectory) for e, _, _ in rows]
         adv, data.baseline = sample_advantages(
-            values, groups, [e for e, _, _ in rows], baseline, data.baseline
+            values, groups, [e for e, _, _ in rows], baseline, data.baseline, normalise_rewards
         )
         made = zip(rows, adv, groups, strict=True)
         data.samples = [_sample(step, a, r, g) for (_, step, r), a, g in made]

@@ -27,6 +27,35 @@ def final_answer(text: str) -> str | None:
     return number if number not in ("", "-", ".") else None
 
 
+_NUMBER = re.compile(r"-?\d[\d,]*\.?\d*|-?\.\d+")
+
+
+def final_number(text: str) -> str | None:
+    """`final_answer` as one spelling per value (`30.0` and `30` both `30`): equal answers are
+    equal strings, as labels need."""
+    found = final_answer(text)
+    return _plain_number(found) if found is not None else None
+
+
+def mentioned_number(text: str) -> str | None:
+    """The answer a person's words give: the `####` number, else the last number said
+    (`it's 30`, `should be 1,200.`), normalised as `final_answer` does; None without one."""
+    found = final_number(text)
+    if found is not None:
+        return found
+    numbers = _NUMBER.findall(text or "")
+    return _plain_number(numbers[-1].replace(",", "").rstrip(".")) if numbers else None
+
+
+def _plain_number(number: str) -> str | None:
+    """`30.0` and `30` alike as `30`; None for what is no number."""
+    try:
+        value = float(number)
+    except ValueError:
+        return None
+    return str(int(value)) if value.is_integer() and abs(value) < 1e15 else repr(value)
+
+
 def same_number(a: str | None, b: str | None) -> bool:
     """Numerically equal (`12`, `12.0`, `+12`), within 1e-6."""
     try:
@@ -80,6 +109,22 @@ def triage_level(text: str) -> str | None:
         return None
     level = re.sub(r"\s+", " ", found[-1].lower()).replace("self care", "self-care")
     return "self-care" if level == "selfcare" else level
+
+
+_SAID_LEVEL = re.compile(r"self[\s-]?care|see\s+a\s+doctor|urgent|emergency", re.IGNORECASE)
+
+
+def mentioned_level(text: str) -> str | None:
+    """The level a person's words give (`this was urgent`): the `Triage:` line, else the last
+    level named, normalised as `triage_level` does; None without one."""
+    found = triage_level(text)
+    if found is not None:
+        return found
+    said = _SAID_LEVEL.findall(text or "")
+    if not said:
+        return None
+    level = re.sub(r"\s+", " ", said[-1].lower())
+    return "self-care" if level.startswith("self") else level
 
 
 def red_flags(message: str) -> list[str]:

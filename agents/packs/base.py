@@ -35,3 +35,11 @@ class Pack:
     """`tasks("train")` for simulated users, `tasks("eval")` the held-out suite, disjoint."""
     verify: Callable[[Task, str], float]
     """Score a final answer for a task in [0, 1] (1 = solved)."""
+    answer_of: Callable[[str], str | None] | None = None
+    """The final answer a reply states, normalised so equal answers are equal strings (`30`,
+    `urgent`); None when the reply states none. With it the learner turns feedback into labels
+    and checks the runs it resamples (`learner.labels`); a pack without it is learned from by
+    its feedback alone."""
+    reference_from: Callable[[str], str | None] | None = None
+    """The answer a user's correction states (`it's 30`, `this was urgent`), normalised as
+    `answer_of`'s; None: the correction's text is read with `answer_of`."""

@@ -21,7 +21,13 @@ from agents.packs.common import scrub_input
 from agents.packs.triage_cases import Case, cases
 from agents.runtime import AgentSpec
 from tools.kb_search import KbSearch
-from tools.verifiers import DISCLAIMER, TriageCheck, verify_triage
+from tools.verifiers import (
+    DISCLAIMER,
+    TriageCheck,
+    mentioned_level,
+    triage_level,
+    verify_triage,
+)
 
 KB_DIR = Path(__file__).parent / "kb" / "medical"
 
@@ -103,4 +109,11 @@ def pack() -> Pack:
     def tasks(split: Split) -> list[Task]:
         return [task(c) for c in cases(split)]
 
-    return Pack("medical", (triage(),), tasks, verify)
+    return Pack(
+        "medical",
+        (triage(),),
+        tasks,
+        verify,
+        answer_of=triage_level,
+        reference_from=mentioned_level,
+    )

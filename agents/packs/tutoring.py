@@ -20,7 +20,7 @@ from agents.packs.common import scrub_input
 from agents.packs.maths_problems import Problem, gsm8k, template_eval, template_train
 from agents.runtime import AgentSpec
 from tools.calculator import Calculator
-from tools.verifiers import verify_gsm8k
+from tools.verifiers import final_number, mentioned_number, verify_gsm8k
 
 SOURCES = ("templates", "gsm8k", "mixed")
 TRAIN_SEED = 1000
@@ -127,4 +127,11 @@ def tutoring_pack(source: str = "templates", eval_size: int = 60) -> Pack:
     def tasks(split: Split) -> list[Task]:
         return [task(p) for p in problems(split, source, eval_size)]
 
-    return Pack("tutoring", (tutor(), tutor_hints()), tasks, verify)
+    return Pack(
+        "tutoring",
+        (tutor(), tutor_hints()),
+        tasks,
+        verify,
+        answer_of=final_number,
+        reference_from=mentioned_number,
+    )

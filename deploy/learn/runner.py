@@ -22,12 +22,17 @@ from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
+from agents.packs import PackNotFound, get_pack
+from agents.packs.base import Pack
 from deploy.embedded_redis import RedisUnavailable, ensure_redis
 from deploy.learn.settings import LearnerSettings
+from learner.labels import Grounding
+from learner.policy.chat_format import ToolFormat, resolve_tool_format
 from learner.policy.registry import CANDIDATE, CHAMPION, PolicyRegistry
 from learner.publish import recover
 from learner.rounds import RoundAborted, RoundPlan, RoundResult, run_round
 from learner.store import Store
+from learner.subrounds import Sampling
 from learner.trajectory_source import TrajectorySource
 
 log = logging.getLogger("arloop.learner")
@@ -38,7 +43,19 @@ class LearnerConfigError(RuntimeError):
 
 
 def round_plan(s: LearnerSettings) -> RoundPlan:
-    """What each round runs with: the settings' train and round models, and where it writes."""
+    """What each round runs with: the settings' train and round models, where it writes, and
+    the label packs' groundings (their agents' feedback becomes labels and verified sub-rounds)."""
+    try:
+        packs = [
+            get_pack(
+                ref, tutoring_source=s.tutoring_source, tutoring_eval_size=s.tutoring_eval_size
+            )
+            for ref in (s.eval_packs if s.label_packs is None else s.label_packs)
+        ]
+    except PackNotFound as exc:
+        which = "ARLOOP_EVAL_PACKS" if s.label_packs is None else "ARLOOP_LABEL_PACKS"
+        raise LearnerConfigError(f"{exc}; fix {which}") from exc
+    temperature = 1.0 if s.policy_temperature is None else s.policy_temperature  # the server's
     return RoundPlan(
         checkpoints_dir=s.data_dir / "checkpoints",
         model_cache=s.model_cache,
@@ -46,7 +63,23 @@ def round_plan(s: LearnerSettings) -> RoundPlan:
         round=s.round,
         actor=s.consumer,
         promote=not s.eval_packs,  # with an eval gate, the release flow moves the aliases
+        grounding=groundings(packs, resolve_tool_format(s.tool_format, s.base_model)),
+        sampling=Sampling(temperature, s.policy_max_tokens or 512),
     )
+
+
+def groundings(packs: list[Pack], tool_format: ToolFormat) -> dict[str, Grounding]:
+    """Per agent of a pack that can read its answers: its readers, tools and step budget."""
+    out = {}
+    for pack in packs:
+        if pack.answer_of is None:
+            continue
+        reference_from = pack.reference_from or pack.answer_of
+        for agent in pack.agents:
+            out[agent.name] = Grounding(
+                pack.answer_of, reference_from, agent.tools, agent.max_steps, tool_format
+            )
+    return out
 
 
 def summary_line(r: RoundResult) -> str:

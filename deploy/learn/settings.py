@@ -82,6 +82,9 @@ class LearnerSettings(ModelSettings, PolicyEndpointSettings):
     eval_packs: list[str] = Field(default_factory=list)
     """Packs whose held-out eval suites gate every new version (JSON list: '["tutoring"]';
     built-in names or `module:attr`). Empty: no gate, each round's version becomes champion."""
+    label_packs: list[str] | None = None
+    """Packs whose agents' feedback becomes labels and verified sub-rounds (their answers are
+    read, their runs replayed through their tools); unset: the eval packs. '[]': none."""
     tutoring_source: Literal["templates", "gsm8k", "mixed"] = "templates"
     """Problems of the tutoring pack: one-step `templates`, a `gsm8k` subset, or `mixed`."""
     tutoring_eval_size: int = Field(60, ge=1)

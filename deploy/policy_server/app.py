@@ -26,7 +26,6 @@ from starlette.background import BackgroundTask
 
 from agents.errors import ArloopError
 from deploy.logs import bind, setup_logging
-from deploy.policy_server.engine import FinishEvent, GenerationEngine, Row
 from deploy.policy_server.metrics import PolicyMetrics
 from deploy.policy_server.openai_wire import (
     ChatRequest,
@@ -41,6 +40,7 @@ from deploy.policy_server.openai_wire import (
 from deploy.policy_server.stream import ChoiceStream, ChunkWriter, sse
 from deploy.policy_server.versions import LoadedPolicy, Loader, VersionManager, VersionUnavailable
 from deploy.settings import PolicyServerSettings
+from learner.policy.generation.engine import FinishEvent, GenerationEngine, Row
 from learner.policy.registry import UnknownVersion, VersionStatus
 
 log = logging.getLogger(__name__)

@@ -8,7 +8,6 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from agents.errors import ArloopError
-from deploy.policy_server.engine import FinishEvent, SamplingParams
 from deploy.settings import PolicyServerSettings
 from learner.policy.chat_format import (
     ChatFormatError,
@@ -18,6 +17,7 @@ from learner.policy.chat_format import (
     prompt_token_ids,
     resolve_tool_format,
 )
+from learner.policy.generation.engine import FinishEvent, SamplingParams
 from learner.policy.registry import CHAMPION
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]

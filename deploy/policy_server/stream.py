@@ -6,9 +6,9 @@ import json
 import time
 from typing import Any
 
-from deploy.policy_server.engine import FinishEvent, TokenEvent
 from deploy.policy_server.openai_wire import ChatRequest, logprobs_content, message_of
 from learner.policy.chat_format import ToolFormat, visible_len
+from learner.policy.generation.engine import FinishEvent, TokenEvent
 
 
 def sse(payload: dict[str, Any] | str) -> str:

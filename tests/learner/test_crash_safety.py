@@ -39,6 +39,8 @@ def _env(redis_url: str, data_dir: Path, **extra: str) -> dict[str, str]:
         ARLOOP_MIN_EPISODES="1",
         ARLOOP_TRAIN__LEARNING_RATE="0.05",
         ARLOOP_READ_BLOCK_MS="50",
+        ARLOOP_LABEL_PACKS='["tutoring"]',  # the runs' feedback labels them: sub-rounds run
+        ARLOOP_POLICY_MAX_TOKENS="16",
         PYTHONUNBUFFERED="1",
         **extra,
     )
@@ -64,15 +66,15 @@ def _settings(redis_url: str, data_dir: Path) -> LearnerSettings:
         min_episodes=1,
         train={"learning_rate": 0.05},
         read_block_ms=50,
+        label_packs=["tutoring"],
+        policy_max_tokens=16,
     )
 
 
 def _seed(redis_client, n: int = 4) -> list[str]:
     ids = []
     for i in range(n):
-        t = trajectory(
-            answer="The answer is 42." if i % 2 else "sorry no", logprobs=True, user=f"u{i}"
-        )
+        t = trajectory(answer="#### 42" if i % 2 else "#### 40", logprobs=True, user=f"u{i}")
         f = feedback(t.event_id, "thumbs", 1 if i % 2 else -1, user=f"u{i}")
         for e in (t, f):
             xadd(redis_client, e)
@@ -107,6 +109,7 @@ CRASH_STATE = {
     # point: (persisted, pending in redis, ledger entries, versions in the registry)
     "after_read": (False, True, False, ["v0"]),
     "after_persist": (True, True, False, ["v0"]),
+    "during_subround": (True, False, False, ["v0"]),
     "during_train": (True, False, False, ["v0"]),
     "after_checkpoint": (True, False, False, ["v0"]),
     "after_commit": (True, False, True, ["v0"]),
@@ -132,6 +135,8 @@ def test_kill_9_then_restart_trains_every_event_exactly_once(
     out = io.StringIO()
     learner = Learner(_settings(redis_url, tmp_path), Console(file=out, width=200))
     assert learner.run(once=True) == 0, out.getvalue()
+    if not committed:  # the restart's round replayed the labelled prompt in sub-rounds
+        assert learner.last.metrics["labels/replayed"] == 1
 
     ledger = learner.store.ledger()
     assert set(ledger) == set(ids)  # every event trained on...

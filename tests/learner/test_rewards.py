@@ -5,7 +5,6 @@ from learner.rewards import (
     EpisodeReward,
     batch_rewards,
     feedback_score,
-    normalise,
     scored,
     user_scales,
 )
@@ -84,13 +83,3 @@ def test_silence_and_corrections_give_no_scalar_by_default():
     assert batch_rewards([[]], [[0]], 1.0, 0.0) == [EpisodeReward(0.0, {0: 0.0})]
     # a correction is feedback (no silence) but no scalar: it becomes a preference pair
     assert batch_rewards([correction], [[0]], 1.0, 0.0) == [EpisodeReward(None, {})]
-
-
-def test_normalise_divides_by_the_batch_std_and_keeps_signs():
-    assert normalise([2.0, 0.0]) == [2.0, 0.0]  # std 1
-    std = 5**0.5  # population std of (1, -1, 3, -3)
-    assert normalise([1.0, -1.0, 3.0, -3.0]) == pytest.approx(
-        [1 / std, -1 / std, 3 / std, -3 / std]
-    )
-    assert normalise([0.5, 0.5]) == [0.5, 0.5]  # no spread: left alone
-    assert normalise([0.7]) == [0.7]

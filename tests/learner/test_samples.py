@@ -95,30 +95,40 @@ def test_a_correction_of_an_answer_read_off_a_tool_is_not_a_pair():
     assert pair.rejected_ids == completion_ids("<tool_call>")
 
 
-def test_grpo_inside_a_group_rloo_outside():
+def test_grpo_inside_a_group_rloo_outside_then_the_batch_std():
     # samples 0, 1: one group of two episodes; 2, 3, 4: single prompts
-    adv, _ = sample_advantages(
-        [1.0, -1.0, 1.0, 0.0, -1.0],
-        ["g", "g", "a", "b", "c"],
-        [0, 1, 2, 3, 4],
-        "rloo",
-        RunningBaseline(),
-    )
-    s = 2**0.5 + 1e-4  # unbiased std of (1, -1), plus GRPO's eps
-    assert adv == pytest.approx([1 / s, -1 / s, 1.5, 0.0, -1.5])  # RLOO: r - mean(others)
+    args = ([1.0, -1.0, 1.0, 0.0, -1.0], ["g", "g", "a", "b", "c"], [0, 1, 2, 3, 4], "rloo")
+    centred, _ = sample_advantages(*args, RunningBaseline(), scale_batch_std=False)
+    assert centred == pytest.approx([1.0, -1.0, 1.5, 0.0, -1.5])  # group mean; r - mean(others)
+    scaled, _ = sample_advantages(*args, RunningBaseline())
+    std = 1.0  # unbiased std of (1, -1, 1, 0, -1): sum of squares 4 over 4
+    assert scaled == pytest.approx([c / (std + 1e-4) for c in centred])
+
+
+def test_batch_std_scaling_keeps_a_tied_group_at_zero_and_a_noisy_one_small():
+    # group t: four equal thumbs-ups; group n: ratings 4, 5, 4, 4 (no real difference);
+    # group s: a real split between right (+1) and wrong (-1) answers
+    rewards = [1.0] * 4 + [0.5, 1.0, 0.5, 0.5] + [1.0, -1.0, 1.0, -1.0]
+    groups = ["t"] * 4 + ["n"] * 4 + ["s"] * 4
+    adv, _ = sample_advantages(rewards, groups, list(range(12)), "rloo", RunningBaseline())
+    assert adv[:4] == [0.0] * 4
+    assert max(abs(a) for a in adv[4:8]) < 0.5  # per-group std would make the 5 stars +1.5
+    assert min(abs(a) for a in adv[8:]) > 0.9
 
 
 def test_two_turns_of_one_episode_are_not_a_group():
     adv, _ = sample_advantages(
-        [1.0, 0.0, 0.0], ["g", "g", "h"], [0, 0, 1], "rloo", RunningBaseline()
+        [1.0, 0.0, 0.0], ["g", "g", "h"], [0, 0, 1], "rloo", RunningBaseline(), False
     )
     assert adv == pytest.approx([1.0, -0.5, -0.5])  # all three are "singles": RLOO
 
 
 def test_running_baseline_carries_across_rounds():
-    adv, state = sample_advantages([1.0, 0.0], ["a", "b"], [0, 1], "running", RunningBaseline())
+    adv, state = sample_advantages(
+        [1.0, 0.0], ["a", "b"], [0, 1], "running", RunningBaseline(), False
+    )
     assert adv == pytest.approx([0.5, -0.5]) and (state.mean, state.count) == (0.5, 2)
-    adv, state = sample_advantages([1.0], ["c"], [0], "running", state)
+    adv, state = sample_advantages([1.0], ["c"], [0], "running", state, False)
     assert adv == pytest.approx([0.5]) and state.mean == pytest.approx(0.55)
 
 

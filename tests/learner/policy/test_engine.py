@@ -6,15 +6,15 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from deploy.policy_server.engine import (
+from learner.logprobs import completion_logprobs
+from learner.policy.generation.engine import (
     FinishEvent,
     GenerationEngine,
     Row,
     SamplingParams,
     TokenEvent,
 )
-from deploy.policy_server.rows import safe_len
-from learner.logprobs import completion_logprobs
+from learner.policy.generation.rows import safe_len
 from learner.policy.models import load_base
 from tests.model_cache import MODEL_CACHE
 

@@ -21,8 +21,8 @@ import torch.nn.functional as F
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from deploy.policy_server.prefix_cache import PrefixCache, cache_from_head
-from deploy.policy_server.rows import FinishEvent, Row, SamplingParams, TokenEvent, step
+from learner.policy.generation.prefix_cache import PrefixCache, cache_from_head
+from learner.policy.generation.rows import FinishEvent, Row, SamplingParams, TokenEvent, step
 
 __all__ = ["FinishEvent", "GenerationEngine", "Row", "SamplingParams", "TokenEvent"]
 log = logging.getLogger(__name__)

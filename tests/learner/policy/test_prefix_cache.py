@@ -5,11 +5,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from deploy.policy_server.engine import GenerationEngine, SamplingParams
-from deploy.policy_server.prefix_cache import MIN_PREFIX, PrefixCache, common_prefix_len
 from learner.logprobs import completion_logprobs
+from learner.policy.generation.engine import GenerationEngine, SamplingParams
+from learner.policy.generation.prefix_cache import MIN_PREFIX, PrefixCache, common_prefix_len
 from learner.policy.models import load_base
-from tests.deploy.policy_server.test_engine import _prompt, _run
+from tests.learner.policy.test_engine import _prompt, _run
 from tests.model_cache import MODEL_CACHE
 
 HEAD = (

@@ -1,0 +1,132 @@
+"""Labels from feedback: which answer a prompt should get, and how sure its feedback makes us."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from learner.episodes import Episode
+from learner.labels import Grounding, episode_votes, find_labels, prompt_key
+from tests.learner.learner_events import feedback, trajectory
+from tools.verifiers import final_number, mentioned_number
+
+TUTOR = {"tutor": Grounding(final_number, mentioned_number)}
+QUESTION = "What is 12 plus 30?"
+
+
+def _run(answer: str, *said, user: str = "u1", prompt: str = QUESTION) -> Episode:
+    t = trajectory(prompt, answer, user=user)
+    return Episode(t, tuple(feedback(t.event_id, *s[:2], user=s[2], text=s[3]) for s in said))
+
+
+def up(user: str = "u1"):
+    return ("thumbs", 1, user, None)
+
+
+def down(user: str = "u1"):
+    return ("thumbs", -1, user, None)
+
+
+def rating(value: int, user: str = "u1"):
+    return ("rating", value, user, None)
+
+
+def correction(text: str, user: str = "u1"):
+    return ("correction", None, user, text)
+
+
+def test_one_thumbs_up_labels_the_answer_with_the_posterior_under_the_noise():
+    [label] = find_labels([_run("#### 42", up())], TUTOR, noise=0.05).values()
+    assert (label.answer, label.episodes, label.senders) == ("42", (0,), ("u1",))
+    assert label.confidence == pytest.approx(0.95)
+
+
+@pytest.mark.parametrize(
+    ("said", "weight"),
+    [
+        (up(), math.log(19)),
+        (down(), -math.log(19)),
+        (rating(5), math.log(19)),
+        (rating(4), 0.5 * math.log(19)),  # a 4-star rating says half what a thumbs-up says
+        (rating(3), None),  # neutral: no vote
+        (("outcome", 1.0, "u1", None), math.log(19)),
+        (("outcome", 0.0, "u1", None), -math.log(19)),
+    ],
+)
+def test_each_judgement_kind_votes_on_the_served_answer(said, weight):
+    votes = episode_votes(_run("#### 42", said), TUTOR["tutor"], noise=0.05)
+    if weight is None:
+        assert votes == []
+    else:
+        [vote] = votes
+        assert (vote.answer, vote.weight) == ("42", pytest.approx(weight))
+
+
+def test_a_correction_votes_for_the_answer_its_text_states():
+    [vote] = episode_votes(_run("#### 40", correction("no, it's 42")), TUTOR["tutor"], 0.05)
+    assert (vote.answer, vote.kind) == ("42", "correction")
+    assert episode_votes(_run("#### 40", correction("wrong!")), TUTOR["tutor"], 0.05) == []
+
+
+def test_a_reply_with_no_readable_answer_gets_no_vote_from_a_judgement():
+    assert episode_votes(_run("I am not sure", up()), TUTOR["tutor"], 0.05) == []
+
+
+def test_only_a_senders_latest_word_counts():
+    t = trajectory(QUESTION, "#### 42")
+    first = feedback(t.event_id, "thumbs", 1, created_at=1.0)
+    then = feedback(t.event_id, "thumbs", -1, created_at=2.0)
+    assert find_labels([Episode(t, (first, then))], TUTOR) == {}
+
+
+def test_runs_of_the_same_prompt_vote_together_across_wordings():
+    runs = [
+        _run("#### 42", up("a")),
+        _run("#### 42", up("b"), prompt="  what is 12 plus 30 "),
+        _run("#### 40", down("c")),
+    ]
+    assert prompt_key(runs[0].trajectory) == prompt_key(runs[1].trajectory)
+    [label] = find_labels(runs, TUTOR, max_user_share=1.0).values()
+    assert label.answer == "42" and label.episodes == (0, 1, 2)
+    assert label.confidence == pytest.approx(19**2 / (1 + 19**2 + 1 / 19))
+
+
+def test_conflicting_users_give_no_label():
+    runs = [_run("#### 42", up("a")), _run("#### 40", up("b"))]
+    assert find_labels(runs, TUTOR, max_user_share=1.0) == {}
+    runs = [_run("#### 42", up("a")), _run("#### 42", down("b"))]
+    assert find_labels(runs, TUTOR, max_user_share=1.0) == {}
+
+
+def test_a_thumbs_down_alone_says_not_this_answer_but_labels_nothing():
+    assert find_labels([_run("#### 40", down())], TUTOR) == {}
+
+
+def test_a_poisoner_is_capped_like_for_rewards():
+    # 20 honest users, two per prompt, back each prompt's right answer; one user brings every
+    # prompt three times and corrects each run to a wrong answer. Uncapped they outvote the
+    # honest users everywhere; capped at a fifth of the vote mass they label nothing
+    prompts = [f"What is {k} plus 1?" for k in range(10)]
+    honest = [
+        _run(f"#### {k + 1}", up(f"u{k}{side}"), prompt=p)
+        for k, p in enumerate(prompts)
+        for side in "ab"
+    ]
+    poison = [_run("#### 0", correction("it is 99", "mallory"), prompt=p) for p in prompts * 3]
+    alone = find_labels(poison, TUTOR, max_user_share=0.2)
+    assert {lb.answer for lb in alone.values()} == {"99"} and len(alone) == 10
+    labels = find_labels(honest + poison, TUTOR, max_user_share=0.2)
+    assert sorted(int(lb.answer) for lb in labels.values()) == list(range(1, 11))
+    uncapped = find_labels(honest + poison, TUTOR, max_user_share=1.0)
+    assert {lb.answer for lb in uncapped.values()} == {"99"}  # the cap is what stops them
+
+
+def test_runs_of_agents_without_a_grounding_get_no_label():
+    t = trajectory(QUESTION, "#### 42").model_copy(update={"agent": "other"})
+    assert find_labels([Episode(t, (feedback(t.event_id),))], TUTOR) == {}
+
+
+def test_the_noise_must_be_a_share_below_one_half():
+    with pytest.raises(ValueError, match="label noise"):
+        find_labels([], TUTOR, noise=0.5)
