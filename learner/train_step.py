@@ -1,8 +1,11 @@
-"""One optimiser update of the policy from logged samples: clipped policy gradient (RL) or DPO.
+"""One optimiser update of the policy from logged samples: decoupled PPO (RL) or DPO.
 
 Current log-probabilities are recomputed on the logged token ids; the loss math is in
-`learner.losses`. LoRA through peft by default (reference = adapter disabled), full
-fine-tuning as an option (reference = a frozen copy of the start weights).
+`learner.losses`. The PPO clip is against a sample's proximal logprobs, those of its first
+update in this trainer (stored on the Sample, so later epochs clip against them), and the
+logged behaviour logprobs only weight the advantage. LoRA through peft by default (reference
+= adapter disabled), full fine-tuning as an option (reference = a frozen copy of the start
+weights).
 
 Multi-GPU: the same code runs under `accelerate launch` (DDP). `accelerate.Accelerator`
 places the model, wraps it for DDP, autocasts and runs backward; every process is given the
@@ -28,7 +31,7 @@ from learner.logprobs import TokenBatch, make_batch, selected_logprobs
 from learner.lora import attach_lora, frozen_copy, reference_view
 from learner.losses import clipped_pg_loss, dpo_loss
 from learner.samples import PreferencePair, Sample
-from learner.step_metrics import add_corr_sums, pg_metrics
+from learner.step_metrics import TOKEN_MEANS, add_corr_sums, pg_metrics
 
 
 class PolicyTrainer:
@@ -144,13 +147,16 @@ class PolicyTrainer:
             logp, entropy = selected_logprobs(
                 self._model, batch, with_entropy=True, entropy_grad=self.config.entropy_coef > 0
             )  # (N,), (N,)
-        behaviour, logged = _flat_behaviour(chunk, logp)  # (N,), (N,) bool
+        proximal = _flat_proximal(chunk, logp)  # (N,)
+        behaviour, logged = _flat_behaviour(chunk, proximal)  # (N,), (N,) bool
         advantages = _flat_advantages(chunk, logp)  # (N,)
         out = clipped_pg_loss(
             logp,
             behaviour,
             advantages,
             torch.ones_like(logp),
+            proximal_logp=proximal,
+            is_cap=self.config.is_cap,
             ref_logp=ref_logp,
             clip_eps=self.config.clip_eps,
             kl_coef=self.config.kl_coef,
@@ -162,7 +168,7 @@ class PolicyTrainer:
         n = float(out.num_tokens)
         sums["loss"] += float(out.loss.detach())
         sums["tokens"] += n
-        for name in ("kl", "clip_ratio", "ratio_mean", "entropy"):
+        for name in TOKEN_MEANS:
             sums[name] += float(getattr(out, name)) * n
         add_corr_sums(sums, behaviour[logged], logp.detach()[logged])
 
@@ -261,8 +267,29 @@ def _micro_batches(samples: list[Sample], size: int) -> list[list[Sample]]:
     return [ordered[i : i + size] for i in range(0, len(ordered), size)]
 
 
-def _flat_behaviour(chunk: list[Sample], logp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """((N,) behaviour logprobs of the trained tokens, (N,) whether each was logged); missing -> current."""
+def _flat_proximal(chunk: list[Sample], logp: torch.Tensor) -> torch.Tensor:
+    """(N,) proximal logprobs of the trained tokens; a sample's first use stores `logp` on it.
+
+    Every micro-batch of a step sees the same weights, so at first use the ratio to the
+    proximal is exactly 1; a later step on the same Sample objects clips against it.
+    """
+    current = logp.detach().tolist()  # (N,) in chunk order: sum(loss_mask) tokens per sample
+    values: list[float] = []
+    start = 0
+    for s in chunk:
+        mask = _loss_mask(s)
+        if s.proximal_logprobs is None:
+            taken = iter(current[start : start + sum(mask)])
+            s.proximal_logprobs = [next(taken) if m else math.nan for m in mask]
+        values += [lp for lp, m in zip(s.proximal_logprobs, mask, strict=True) if m]
+        start += sum(mask)
+    return torch.tensor(values, dtype=logp.dtype, device=logp.device)
+
+
+def _flat_behaviour(
+    chunk: list[Sample], proximal: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """((N,) behaviour logprobs of the trained tokens, (N,) whether each was logged); missing -> proximal."""
     values: list[float] = []
     logged: list[bool] = []
     for s in chunk:
@@ -273,9 +300,9 @@ def _flat_behaviour(chunk: list[Sample], logp: torch.Tensor) -> tuple[torch.Tens
         else:
             values += [lp for lp, m in zip(s.behaviour_logprobs, mask, strict=True) if m]
             logged += [True] * sum(mask)
-    behaviour = torch.tensor(values, dtype=logp.dtype, device=logp.device)
-    is_logged = torch.tensor(logged, dtype=torch.bool, device=logp.device)
-    return torch.where(is_logged, behaviour, logp.detach()), is_logged
+    behaviour = torch.tensor(values, dtype=proximal.dtype, device=proximal.device)
+    is_logged = torch.tensor(logged, dtype=torch.bool, device=proximal.device)
+    return torch.where(is_logged, behaviour, proximal), is_logged
 
 
 def _flat_advantages(chunk: list[Sample], logp: torch.Tensor) -> torch.Tensor:
@@ -293,21 +320,28 @@ def _check_samples(samples: list[Sample]) -> None:
             raise ValueError(
                 f"{where}: prompt_ids and completion_ids must each hold at least one token"
             )
-        logged = s.behaviour_logprobs
-        if logged is not None and len(logged) != len(s.completion_ids):
-            raise ValueError(
-                f"{where}: {len(logged)} behaviour logprobs for {len(s.completion_ids)} completion tokens"
-            )
-        if logged is not None and not all(math.isfinite(x) for x in logged):
-            raise ValueError(
-                f"{where}: behaviour logprobs must be finite (drop the sample or leave them None)"
-            )
         if s.loss_mask is not None and (
             len(s.loss_mask) != len(s.completion_ids) or set(s.loss_mask) - {0, 1}
         ):
             raise ValueError(f"{where}: loss_mask needs one 0/1 per completion token")
+        _check_logprobs(where, "behaviour", s.behaviour_logprobs, _loss_mask(s))
+        _check_logprobs(where, "proximal", s.proximal_logprobs, _loss_mask(s))
         if not math.isfinite(s.advantage):
             raise ValueError(f"{where}: advantage {s.advantage} is not finite")
+
+
+def _check_logprobs(where: str, kind: str, values: list[float] | None, mask: list[int]) -> None:
+    if values is None:
+        return
+    if len(values) != len(mask):
+        raise ValueError(
+            f"{where}: {len(values)} {kind} logprobs for {len(mask)} completion tokens"
+        )
+    if not all(math.isfinite(x) for x, m in zip(values, mask, strict=True) if m):
+        raise ValueError(
+            f"{where}: {kind} logprobs must be finite where loss_mask is 1 "
+            "(drop the sample or leave them None)"
+        )
 
 
 def _check_pairs(pairs: list[PreferencePair]) -> None:
