@@ -5,7 +5,8 @@ Current log-probabilities are recomputed on the logged token ids; the loss math 
 update in this trainer (stored on the Sample, so later epochs clip against them), and the
 logged behaviour logprobs only weight the advantage. LoRA through peft by default (reference
 = adapter disabled), full fine-tuning as an option (reference = a frozen copy of the start
-weights).
+weights). `save` writes AdamW's state beside the weights, and a trainer continuing them loads
+it, so Adam's moments carry over from round to round.
 
 Multi-GPU: the same code runs under `accelerate launch` (DDP). `accelerate.Accelerator`
 places the model, wraps it for DDP, autocasts and runs backward; every process is given the
@@ -17,6 +18,7 @@ home-made: on one CPU or GPU it is a plain loop.
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections import defaultdict
@@ -33,6 +35,11 @@ from learner.losses import clipped_pg_loss, dpo_loss
 from learner.samples import PreferencePair, Sample
 from learner.step_metrics import TOKEN_MEANS, add_corr_sums, pg_metrics
 
+log = logging.getLogger(__name__)
+
+OPTIMIZER_FILE = "optimizer.pt"
+"""AdamW's state, beside the weights `PolicyTrainer.save` writes."""
+
 
 class PolicyTrainer:
     """Holds the trainable policy, its reference and the optimiser; one `step` = one update."""
@@ -43,7 +50,10 @@ class PolicyTrainer:
         pad_id: int,
         config: TrainConfig,
         adapter_dir: Path | None = None,
+        optimizer_state: Path | None = None,
     ) -> None:
+        """`adapter_dir` continues a saved LoRA adapter (and its optimizer.pt, when there);
+        `optimizer_state` names an AdamW state to continue explicitly (full fine-tuning)."""
         self.config = config
         self.pad_id = pad_id
         self.accelerator = Accelerator()
@@ -52,7 +62,8 @@ class PolicyTrainer:
             if adapter_dir is not None:
                 raise ValueError(
                     "adapter_dir continues a LoRA adapter; "
-                    "for full fine-tuning load the parent's weights as `model`"
+                    "for full fine-tuning load the parent's weights as `model` "
+                    "(and its optimizer.pt as `optimizer_state`)"
                 )
             self._frozen_ref = frozen_copy(model).to(self.accelerator.device)
             policy = model.requires_grad_(True)
@@ -73,6 +84,10 @@ class PolicyTrainer:
             self._params, lr=config.learning_rate, weight_decay=config.weight_decay
         )
         self._model, self._optimizer = self.accelerator.prepare(policy, optimizer)
+        if optimizer_state is None and adapter_dir is not None:
+            optimizer_state = Path(adapter_dir) / OPTIMIZER_FILE
+        if optimizer_state is not None:
+            self._continue_optimizer(Path(optimizer_state))
 
     @property
     def model(self) -> torch.nn.Module:
@@ -131,10 +146,12 @@ class PolicyTrainer:
         }
 
     def save(self, directory: Path) -> None:
-        """Write the adapter (adapter_config.json + adapter_model.safetensors) or the full weights."""
+        """Write the adapter (adapter_config.json + adapter_model.safetensors) or the full weights,
+        and AdamW's state (optimizer.pt; identical on every DDP process)."""
         self.accelerator.wait_for_everyone()
         if self.accelerator.is_main_process:
             self.model.save_pretrained(Path(directory))
+            torch.save(self._optimizer.state_dict(), Path(directory) / OPTIMIZER_FILE)
 
     # -- one micro-batch -------------------------------------------------------------------
 
@@ -210,6 +227,23 @@ class PolicyTrainer:
         )
 
     # -- plumbing --------------------------------------------------------------------------
+
+    def _continue_optimizer(self, path: Path) -> None:
+        """Load AdamW's moments from `path` when they fit these parameters; else keep a fresh AdamW."""
+        if not path.exists():
+            log.info("no optimizer state at %s: starting a fresh AdamW", path)
+            return
+        try:
+            # on the CPU: load_state_dict moves each moment to its parameter's device (and
+            # accelerate's multi-CPU device, cpu:<rank>, is no map_location torch.load knows)
+            state = torch.load(path, map_location="cpu", weights_only=True)
+            _check_fits(self._optimizer, state)
+            self._optimizer.load_state_dict(state)
+        except Exception as exc:  # a bad file raises many types; a fresh AdamW still trains
+            log.warning("optimizer state %s not used (%s): starting a fresh AdamW", path, exc)
+            return
+        for group in self._optimizer.param_groups:  # this round's knobs, not the saved round's
+            group.update(lr=self.config.learning_rate, weight_decay=self.config.weight_decay)
 
     def _batch(self, prompts, completions, samples: list[Sample] | None = None) -> TokenBatch:
         masks = None if samples is None else [_loss_mask(s) for s in samples]
@@ -342,6 +376,22 @@ def _check_logprobs(where: str, kind: str, values: list[float] | None, mask: lis
             f"{where}: {kind} logprobs must be finite where loss_mask is 1 "
             "(drop the sample or leave them None)"
         )
+
+
+def _check_fits(optimizer: torch.optim.Optimizer, state: dict) -> None:
+    """Raise ValueError unless a saved optimizer state holds moments shaped like these parameters.
+
+    `load_state_dict` checks only the parameter count, and a LoRA of another rank has the same
+    count: its moments would load and break the first step.
+    """
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    keys = [k for group in state["param_groups"] for k in group["params"]]
+    if len(keys) != len(params):
+        raise ValueError(f"{len(keys)} parameters saved, {len(params)} trained")
+    for p, key in zip(params, keys, strict=True):
+        for name, value in state["state"].get(key, {}).items():
+            if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape != p.shape:
+                raise ValueError(f"{name} {tuple(value.shape)} for a parameter {tuple(p.shape)}")
 
 
 def _check_pairs(pairs: list[PreferencePair]) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import warnings
 
@@ -11,9 +12,10 @@ import torch
 from peft import PeftModel
 
 from learner.logprobs import completion_logprobs, make_batch, selected_logprobs, token_logprobs
+from learner.policy.models import apply_lora
 from learner.policy.tiny_model import build_tiny_model
 from learner.samples import PreferencePair, Sample
-from learner.train_step import PolicyTrainer, TrainConfig
+from learner.train_step import OPTIMIZER_FILE, PolicyTrainer, TrainConfig
 
 # peft asks transformers a deprecated question on every forward
 warnings.filterwarnings("ignore", category=FutureWarning)
@@ -257,6 +259,71 @@ def test_full_finetune_saves_safetensors(tiny, tmp_path):
     trainer = PolicyTrainer(model, tok.pad_token_id, TrainConfig(full_finetune=True))
     trainer.save(tmp_path / "full")
     assert (tmp_path / "full" / "model.safetensors").exists()
+
+
+def _adam_state(trainer: PolicyTrainer) -> dict[int, dict[str, torch.Tensor]]:
+    return trainer._optimizer.state_dict()["state"]
+
+
+def _assert_same_adam_state(a: PolicyTrainer, b: PolicyTrainer) -> None:
+    sa, sb = _adam_state(a), _adam_state(b)
+    assert sa and sa.keys() == sb.keys()
+    for key in sa:
+        assert sa[key]["step"].item() == sb[key]["step"].item() == 1
+        assert torch.equal(sa[key]["exp_avg"], sb[key]["exp_avg"])
+        assert torch.equal(sa[key]["exp_avg_sq"], sb[key]["exp_avg_sq"])
+
+
+def test_continuing_an_adapter_continues_adams_moments(tiny, tmp_path):
+    model, tok = tiny
+    pad = tok.pad_token_id
+    trainer = PolicyTrainer(model, pad, TrainConfig(learning_rate=1e-2))
+    sample = Sample(_ids(tok, "hi"), _ids(tok, "hello there"), advantage=1.0)
+    trainer.step([sample])
+    trainer.save(tmp_path / "v1")
+    assert (tmp_path / "v1" / OPTIMIZER_FILE).exists()
+    resumed = PolicyTrainer(
+        build_tiny_model(seed=0)[0],
+        pad,
+        TrainConfig(learning_rate=5e-3),
+        adapter_dir=tmp_path / "v1",
+    )
+    _assert_same_adam_state(trainer, resumed)
+    assert resumed.step([sample])["lr"] == 5e-3  # this round's learning rate, not the saved one
+    assert all(s["step"].item() == 2 for s in _adam_state(resumed).values())
+    apply_lora(build_tiny_model(seed=0)[0], tmp_path / "v1")  # the policy server ignores the file
+
+
+def test_full_finetune_continues_adam_from_optimizer_state(tiny, tmp_path):
+    model, tok = tiny
+    pad = tok.pad_token_id
+    config = TrainConfig(learning_rate=1e-2, full_finetune=True)
+    trainer = PolicyTrainer(model, pad, config)
+    trainer.step([Sample(_ids(tok, "hi"), _ids(tok, "hello there"), advantage=1.0)])
+    trainer.save(tmp_path / "full")
+    resumed = PolicyTrainer(
+        build_tiny_model(seed=0)[0], pad, config, optimizer_state=tmp_path / "full" / OPTIMIZER_FILE
+    )
+    _assert_same_adam_state(trainer, resumed)
+
+
+def test_optimizer_state_of_another_lora_rank_is_ignored_with_a_warning(tiny, tmp_path, caplog):
+    model, tok = tiny
+    pad = tok.pad_token_id
+    sample = Sample(_ids(tok, "hi"), _ids(tok, "hello there"), advantage=1.0)
+    rank4 = PolicyTrainer(model, pad, TrainConfig(lora_rank=4))
+    rank4.step([sample])
+    rank4.save(tmp_path / "r4")
+    with caplog.at_level(logging.WARNING, logger="learner.train_step"):
+        rank16 = PolicyTrainer(
+            build_tiny_model(seed=0)[0],
+            pad,
+            TrainConfig(lora_rank=16),
+            optimizer_state=tmp_path / "r4" / OPTIMIZER_FILE,
+        )
+    assert "starting a fresh AdamW" in caplog.text
+    assert _adam_state(rank16) == {}
+    assert rank16.step([sample])["grad_norm"] > 0  # and it trains
 
 
 def test_dpo_step_widens_the_chosen_minus_rejected_margin(tiny):
