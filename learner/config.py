@@ -44,7 +44,11 @@ class TrainConfig(BaseModel):
     )
     """Module names that get an adapter (all linear layers of a Llama block); JSON list."""
     clip_eps: float = Field(0.2, gt=0.0)
-    """PPO clip range: the ratio policy / behaviour stops pushing outside 1 ± clip_eps."""
+    """PPO clip range: the ratio policy / proximal (the weights that first trained on a sample)
+    stops pushing outside 1 ± clip_eps."""
+    is_cap: float = Field(2.0, gt=0.0)
+    """Cap on the importance weight proximal / behaviour that corrects for samples the serving
+    policy wrote versions ago: above it a stale token's weight is cut, bounding its variance."""
     kl_coef: float = Field(0.02, ge=0.0)
     """Weight of the k3 KL penalty to the reference; 0 skips the reference forward pass."""
     entropy_coef: float = 0.0

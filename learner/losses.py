@@ -1,4 +1,4 @@
-"""The learner's loss math: clipped importance-weighted policy gradient, k3 KL, entropy, DPO.
+"""The learner's loss math: decoupled clipped policy gradient, k3 KL, entropy, DPO.
 
 Pure functions: tensors in, a typed result out; no model, config or I/O here. Advantage
 estimators live in `learner.advantages` and are re-exported so callers need one import.
@@ -70,9 +70,16 @@ class PGLoss:
     kl: Tensor
     """Mean per-token k3 KL to the reference; 0 when no reference was given."""
     clip_ratio: Tensor
-    """Fraction of tokens whose gradient the clip removed (ratio outside 1 ± eps on the side the advantage pushes)."""
+    """Fraction of tokens whose gradient the clip removed (ratio to the proximal outside 1 ± eps
+    on the side the advantage pushes)."""
     ratio_mean: Tensor
-    """Mean importance ratio policy / behaviour."""
+    """Mean ratio policy / proximal: how far this trainer has moved since it first used the tokens."""
+    behaviour_ratio_mean: Tensor
+    """Mean ratio policy / behaviour: how far the policy is from the one that wrote the tokens."""
+    is_weight_mean: Tensor
+    """Mean importance weight min(proximal / behaviour, is_cap) that scaled the advantages."""
+    is_truncated: Tensor
+    """Fraction of tokens whose importance weight was cut to is_cap."""
     entropy: Tensor
     """Mean per-token entropy; 0 when no entropy was given."""
     num_tokens: Tensor
@@ -85,6 +92,8 @@ def clipped_pg_loss(
     advantages: Tensor,
     mask: Tensor,
     *,
+    proximal_logp: Tensor | None = None,
+    is_cap: float = 2.0,
     ref_logp: Tensor | None = None,
     clip_eps: float = 0.2,
     kl_coef: float = 0.0,
@@ -92,22 +101,31 @@ def clipped_pg_loss(
     entropy_coef: float = 0.0,
     normalizer: float | Tensor | None = None,
 ) -> PGLoss:
-    """PPO-style clipped, importance-weighted policy gradient against the logged behaviour policy.
+    """Decoupled PPO (Hilton et al., 2021): clipped against the proximal policy, weighted to the behaviour.
 
-    logp, behaviour_logp, mask, ref_logp, entropy: (B, T); advantages: (B,) per sequence or
-    (B, T) per token. Per token: -min(r A, clip(r, 1-eps, 1+eps) A) with r = exp(logp - behaviour),
-    plus kl_coef * k3, minus entropy_coef * entropy; summed over the mask and divided by
-    `normalizer` (default: the mask's token count; under gradient accumulation pass the whole
-    batch's count so micro-batches add up to one token mean, TRL's "dapo" normalisation).
+    Clipping against the logged behaviour policy would freeze a stale token for the whole round
+    once its ratio passes 1 + eps; here the trust region is around the proximal policy (the
+    weights that first trained on the token), and the staleness of the behaviour policy is
+    corrected by a truncated, detached importance weight w = min(exp(proximal - behaviour), is_cap).
+
+    logp, behaviour_logp, proximal_logp, mask, ref_logp, entropy: (B, T); advantages: (B,) per
+    sequence or (B, T) per token. Per token: -w * min(r A, clip(r, 1-eps, 1+eps) A) with
+    r = exp(logp - proximal), plus kl_coef * k3, minus entropy_coef * entropy; summed over the
+    mask and divided by `normalizer` (default: the mask's token count; under gradient
+    accumulation pass the whole batch's count so micro-batches add up to one token mean, TRL's
+    "dapo" normalisation). proximal_logp None: proximal = behaviour, w = 1 (plain PPO).
     """
     behaviour_logp = behaviour_logp.detach()  # the logged policy is data, never trained
+    proximal_logp = behaviour_logp if proximal_logp is None else proximal_logp.detach()
     mask = mask.to(logp.dtype)
     adv = (
         advantages.unsqueeze(-1) if advantages.dim() < logp.dim() else advantages
     )  # (B, 1) or (B, T)
-    ratio = torch.exp(logp - behaviour_logp)  # (B, T)
+    raw_weight = torch.exp(proximal_logp - behaviour_logp)  # (B, T)
+    weight = raw_weight.clamp(max=is_cap)  # (B, T)
+    ratio = torch.exp(logp - proximal_logp)  # (B, T)
     clipped_ratio = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps)  # (B, T)
-    pg_per_token = -torch.min(ratio * adv, clipped_ratio * adv)  # (B, T)
+    pg_per_token = -weight * torch.min(ratio * adv, clipped_ratio * adv)  # (B, T)
     per_token = pg_per_token
     kl = torch.zeros_like(logp) if ref_logp is None else kl_k3(logp, ref_logp.detach())  # (B, T)
     if kl_coef:
@@ -127,6 +145,9 @@ def clipped_pg_loss(
             kl=masked_mean(kl, mask),
             clip_ratio=masked_mean(is_clipped.to(logp.dtype), mask),
             ratio_mean=masked_mean(ratio, mask),
+            behaviour_ratio_mean=masked_mean(torch.exp(logp - behaviour_logp), mask),
+            is_weight_mean=masked_mean(weight, mask),
+            is_truncated=masked_mean((raw_weight > is_cap).to(logp.dtype), mask),
             entropy=torch.zeros(()) if entropy is None else masked_mean(entropy.detach(), mask),
             num_tokens=count,
         )

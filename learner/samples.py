@@ -39,7 +39,10 @@ class Sample:
     completion_ids: list[int]
     advantage: float
     behaviour_logprobs: list[float] | None = None
-    """Logprobs the serving policy gave each completion token; None: treat as on-policy (ratio 1)."""
+    """Logprobs the serving policy gave each completion token; None: the proximal's (weight 1)."""
+    proximal_logprobs: list[float] | None = None
+    """Logprobs of the policy that first trained on this sample, or generated it (the PPO clip's
+    anchor); None: set at first use. NaN where loss_mask is 0 (never computed, never read)."""
     loss_mask: list[int] | None = None
     """One 0/1 per completion token; 0 = excluded (e.g. tool output spliced into the completion)."""
     reward: float = 0.0

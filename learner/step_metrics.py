@@ -10,6 +10,17 @@ import torch
 from learner.gate.stats import pearson_from_sums
 from learner.samples import Sample
 
+TOKEN_MEANS = (
+    "kl",
+    "clip_ratio",
+    "ratio_mean",
+    "behaviour_ratio_mean",
+    "is_weight_mean",
+    "is_truncated",
+    "entropy",
+)
+"""`PGLoss` fields that are token means: micro-batches add them weighted by their token count."""
+
 
 def add_corr_sums(sums: dict[str, float], behaviour: torch.Tensor, current: torch.Tensor) -> None:
     """Accumulate the sums a Pearson correlation of the two tokens' probabilities needs."""
@@ -41,12 +52,12 @@ def pg_metrics(
         if x.policy_version is not None and current_version is not None
     ]
     lag = sum(lags) / len(lags) if lags and current_version is not None else math.nan
+    means = {k: s[k] / n for k in TOKEN_MEANS}
+    if not with_kl:
+        means["kl"] = math.nan
     return {
         "loss": s["loss"],
-        "kl": s["kl"] / n if with_kl else math.nan,
-        "clip_ratio": s["clip_ratio"] / n,
-        "ratio_mean": s["ratio_mean"] / n,
-        "entropy": s["entropy"] / n,
+        **means,
         "completions/mean_length": sum(len(x.completion_ids) for x in samples) / len(samples),
         "reward": float(rewards.mean()),
         "reward_std": float(rewards.std()) if len(samples) > 1 else 0.0,

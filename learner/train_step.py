@@ -1,8 +1,12 @@
-"""One optimiser update of the policy from logged samples: clipped policy gradient (RL) or DPO.
+"""One optimiser update of the policy from logged samples: decoupled PPO (RL) or DPO.
 
 Current log-probabilities are recomputed on the logged token ids; the loss math is in
-`learner.losses`. LoRA through peft by default (reference = adapter disabled), full
-fine-tuning as an option (reference = a frozen copy of the start weights).
+`learner.losses`. The PPO clip is against a sample's proximal logprobs, those of its first
+update in this trainer (stored on the Sample, so later epochs clip against them), and the
+logged behaviour logprobs only weight the advantage. LoRA through peft by default (reference
+= adapter disabled), full fine-tuning as an option (reference = a frozen copy of the start
+weights). `save` writes AdamW's state beside the weights, and a trainer continuing them loads
+it, so Adam's moments carry over from round to round.
 
 Multi-GPU: the same code runs under `accelerate launch` (DDP). `accelerate.Accelerator`
 places the model, wraps it for DDP, autocasts and runs backward; every process is given the
@@ -14,6 +18,7 @@ home-made: on one CPU or GPU it is a plain loop.
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections import defaultdict
@@ -28,7 +33,12 @@ from learner.logprobs import TokenBatch, make_batch, selected_logprobs
 from learner.lora import attach_lora, frozen_copy, reference_view
 from learner.losses import clipped_pg_loss, dpo_loss
 from learner.samples import PreferencePair, Sample
-from learner.step_metrics import add_corr_sums, pg_metrics
+from learner.step_metrics import TOKEN_MEANS, add_corr_sums, pg_metrics
+
+log = logging.getLogger(__name__)
+
+OPTIMIZER_FILE = "optimizer.pt"
+"""AdamW's state, beside the weights `PolicyTrainer.save` writes."""
 
 
 class PolicyTrainer:
@@ -40,7 +50,10 @@ class PolicyTrainer:
         pad_id: int,
         config: TrainConfig,
         adapter_dir: Path | None = None,
+        optimizer_state: Path | None = None,
     ) -> None:
+        """`adapter_dir` continues a saved LoRA adapter (and its optimizer.pt, when there);
+        `optimizer_state` names an AdamW state to continue explicitly (full fine-tuning)."""
         self.config = config
         self.pad_id = pad_id
         self.accelerator = Accelerator()
@@ -49,7 +62,8 @@ class PolicyTrainer:
             if adapter_dir is not None:
                 raise ValueError(
                     "adapter_dir continues a LoRA adapter; "
-                    "for full fine-tuning load the parent's weights as `model`"
+                    "for full fine-tuning load the parent's weights as `model` "
+                    "(and its optimizer.pt as `optimizer_state`)"
                 )
             self._frozen_ref = frozen_copy(model).to(self.accelerator.device)
             policy = model.requires_grad_(True)
@@ -70,6 +84,10 @@ class PolicyTrainer:
             self._params, lr=config.learning_rate, weight_decay=config.weight_decay
         )
         self._model, self._optimizer = self.accelerator.prepare(policy, optimizer)
+        if optimizer_state is None and adapter_dir is not None:
+            optimizer_state = Path(adapter_dir) / OPTIMIZER_FILE
+        if optimizer_state is not None:
+            self._continue_optimizer(Path(optimizer_state))
 
     @property
     def model(self) -> torch.nn.Module:
@@ -128,10 +146,12 @@ class PolicyTrainer:
         }
 
     def save(self, directory: Path) -> None:
-        """Write the adapter (adapter_config.json + adapter_model.safetensors) or the full weights."""
+        """Write the adapter (adapter_config.json + adapter_model.safetensors) or the full weights,
+        and AdamW's state (optimizer.pt; identical on every DDP process)."""
         self.accelerator.wait_for_everyone()
         if self.accelerator.is_main_process:
             self.model.save_pretrained(Path(directory))
+            torch.save(self._optimizer.state_dict(), Path(directory) / OPTIMIZER_FILE)
 
     # -- one micro-batch -------------------------------------------------------------------
 
@@ -144,13 +164,16 @@ class PolicyTrainer:
             logp, entropy = selected_logprobs(
                 self._model, batch, with_entropy=True, entropy_grad=self.config.entropy_coef > 0
             )  # (N,), (N,)
-        behaviour, logged = _flat_behaviour(chunk, logp)  # (N,), (N,) bool
+        proximal = _flat_proximal(chunk, logp)  # (N,)
+        behaviour, logged = _flat_behaviour(chunk, proximal)  # (N,), (N,) bool
         advantages = _flat_advantages(chunk, logp)  # (N,)
         out = clipped_pg_loss(
             logp,
             behaviour,
             advantages,
             torch.ones_like(logp),
+            proximal_logp=proximal,
+            is_cap=self.config.is_cap,
             ref_logp=ref_logp,
             clip_eps=self.config.clip_eps,
             kl_coef=self.config.kl_coef,
@@ -162,7 +185,7 @@ class PolicyTrainer:
         n = float(out.num_tokens)
         sums["loss"] += float(out.loss.detach())
         sums["tokens"] += n
-        for name in ("kl", "clip_ratio", "ratio_mean", "entropy"):
+        for name in TOKEN_MEANS:
             sums[name] += float(getattr(out, name)) * n
         add_corr_sums(sums, behaviour[logged], logp.detach()[logged])
 
@@ -204,6 +227,23 @@ class PolicyTrainer:
         )
 
     # -- plumbing --------------------------------------------------------------------------
+
+    def _continue_optimizer(self, path: Path) -> None:
+        """Load AdamW's moments from `path` when they fit these parameters; else keep a fresh AdamW."""
+        if not path.exists():
+            log.info("no optimizer state at %s: starting a fresh AdamW", path)
+            return
+        try:
+            # on the CPU: load_state_dict moves each moment to its parameter's device (and
+            # accelerate's multi-CPU device, cpu:<rank>, is no map_location torch.load knows)
+            state = torch.load(path, map_location="cpu", weights_only=True)
+            _check_fits(self._optimizer, state)
+            self._optimizer.load_state_dict(state)
+        except Exception as exc:  # a bad file raises many types; a fresh AdamW still trains
+            log.warning("optimizer state %s not used (%s): starting a fresh AdamW", path, exc)
+            return
+        for group in self._optimizer.param_groups:  # this round's knobs, not the saved round's
+            group.update(lr=self.config.learning_rate, weight_decay=self.config.weight_decay)
 
     def _batch(self, prompts, completions, samples: list[Sample] | None = None) -> TokenBatch:
         masks = None if samples is None else [_loss_mask(s) for s in samples]
@@ -261,8 +301,29 @@ def _micro_batches(samples: list[Sample], size: int) -> list[list[Sample]]:
     return [ordered[i : i + size] for i in range(0, len(ordered), size)]
 
 
-def _flat_behaviour(chunk: list[Sample], logp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """((N,) behaviour logprobs of the trained tokens, (N,) whether each was logged); missing -> current."""
+def _flat_proximal(chunk: list[Sample], logp: torch.Tensor) -> torch.Tensor:
+    """(N,) proximal logprobs of the trained tokens; a sample's first use stores `logp` on it.
+
+    Every micro-batch of a step sees the same weights, so at first use the ratio to the
+    proximal is exactly 1; a later step on the same Sample objects clips against it.
+    """
+    current = logp.detach().tolist()  # (N,) in chunk order: sum(loss_mask) tokens per sample
+    values: list[float] = []
+    start = 0
+    for s in chunk:
+        mask = _loss_mask(s)
+        if s.proximal_logprobs is None:
+            taken = iter(current[start : start + sum(mask)])
+            s.proximal_logprobs = [next(taken) if m else math.nan for m in mask]
+        values += [lp for lp, m in zip(s.proximal_logprobs, mask, strict=True) if m]
+        start += sum(mask)
+    return torch.tensor(values, dtype=logp.dtype, device=logp.device)
+
+
+def _flat_behaviour(
+    chunk: list[Sample], proximal: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """((N,) behaviour logprobs of the trained tokens, (N,) whether each was logged); missing -> proximal."""
     values: list[float] = []
     logged: list[bool] = []
     for s in chunk:
@@ -273,9 +334,9 @@ def _flat_behaviour(chunk: list[Sample], logp: torch.Tensor) -> tuple[torch.Tens
         else:
             values += [lp for lp, m in zip(s.behaviour_logprobs, mask, strict=True) if m]
             logged += [True] * sum(mask)
-    behaviour = torch.tensor(values, dtype=logp.dtype, device=logp.device)
-    is_logged = torch.tensor(logged, dtype=torch.bool, device=logp.device)
-    return torch.where(is_logged, behaviour, logp.detach()), is_logged
+    behaviour = torch.tensor(values, dtype=proximal.dtype, device=proximal.device)
+    is_logged = torch.tensor(logged, dtype=torch.bool, device=proximal.device)
+    return torch.where(is_logged, behaviour, proximal), is_logged
 
 
 def _flat_advantages(chunk: list[Sample], logp: torch.Tensor) -> torch.Tensor:
@@ -293,21 +354,44 @@ def _check_samples(samples: list[Sample]) -> None:
             raise ValueError(
                 f"{where}: prompt_ids and completion_ids must each hold at least one token"
             )
-        logged = s.behaviour_logprobs
-        if logged is not None and len(logged) != len(s.completion_ids):
-            raise ValueError(
-                f"{where}: {len(logged)} behaviour logprobs for {len(s.completion_ids)} completion tokens"
-            )
-        if logged is not None and not all(math.isfinite(x) for x in logged):
-            raise ValueError(
-                f"{where}: behaviour logprobs must be finite (drop the sample or leave them None)"
-            )
         if s.loss_mask is not None and (
             len(s.loss_mask) != len(s.completion_ids) or set(s.loss_mask) - {0, 1}
         ):
             raise ValueError(f"{where}: loss_mask needs one 0/1 per completion token")
+        _check_logprobs(where, "behaviour", s.behaviour_logprobs, _loss_mask(s))
+        _check_logprobs(where, "proximal", s.proximal_logprobs, _loss_mask(s))
         if not math.isfinite(s.advantage):
             raise ValueError(f"{where}: advantage {s.advantage} is not finite")
+
+
+def _check_logprobs(where: str, kind: str, values: list[float] | None, mask: list[int]) -> None:
+    if values is None:
+        return
+    if len(values) != len(mask):
+        raise ValueError(
+            f"{where}: {len(values)} {kind} logprobs for {len(mask)} completion tokens"
+        )
+    if not all(math.isfinite(x) for x, m in zip(values, mask, strict=True) if m):
+        raise ValueError(
+            f"{where}: {kind} logprobs must be finite where loss_mask is 1 "
+            "(drop the sample or leave them None)"
+        )
+
+
+def _check_fits(optimizer: torch.optim.Optimizer, state: dict) -> None:
+    """Raise ValueError unless a saved optimizer state holds moments shaped like these parameters.
+
+    `load_state_dict` checks only the parameter count, and a LoRA of another rank has the same
+    count: its moments would load and break the first step.
+    """
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    keys = [k for group in state["param_groups"] for k in group["params"]]
+    if len(keys) != len(params):
+        raise ValueError(f"{len(keys)} parameters saved, {len(params)} trained")
+    for p, key in zip(params, keys, strict=True):
+        for name, value in state["state"].get(key, {}).items():
+            if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape != p.shape:
+                raise ValueError(f"{name} {tuple(value.shape)} for a parameter {tuple(p.shape)}")
 
 
 def _check_pairs(pairs: list[PreferencePair]) -> None:

@@ -55,8 +55,50 @@ def test_clipped_pg_loss_hand_values_and_gradient_on_both_sides():
     assert out.loss.item() == pytest.approx(-0.08, abs=1e-6)
     assert out.clip_ratio.item() == pytest.approx(0.4)
     assert out.ratio_mean.item() == pytest.approx((1 + 1.5 + 0.5 + 0.5 + 1.5) / 5)
+    # no proximal: it is the behaviour, the importance weight is 1
+    assert out.behaviour_ratio_mean.item() == out.ratio_mean.item()
+    assert out.is_weight_mean.item() == 1.0 and out.is_truncated.item() == 0.0
     out.loss.backward()
     assert logp.grad[0].tolist() == pytest.approx([-0.2, 0.0, 0.0, -0.1, 0.3], abs=1e-6)
+    same = clipped_pg_loss(logp, behaviour, adv, mask, proximal_logp=behaviour, clip_eps=0.2)
+    assert same.loss.item() == out.loss.item() and same.clip_ratio.item() == out.clip_ratio.item()
+
+
+def test_clipped_pg_loss_clips_against_the_proximal_and_weights_by_the_behaviour():
+    # the five tokens with their ratios to a proximal at 0.3; the behaviour is 1.5x less likely
+    # still, so w = 1.5 < is_cap scales every term: loss 1.5 * -0.08 = -0.12, clip_ratio stays
+    # 2/5 (against the behaviour, ratios 1.5, 2.25, 0.75, 0.75, 2.25, it would be 3/5)
+    logp, _, adv, mask = _five_tokens()
+    logp = (logp.detach() + 0.3).requires_grad_(True)
+    proximal = torch.full((1, 5), 0.3)
+    behaviour = proximal - math.log(1.5)
+    out = clipped_pg_loss(logp, behaviour, adv, mask, proximal_logp=proximal, is_cap=2.0)
+    assert out.loss.item() == pytest.approx(-0.12, abs=1e-6)
+    assert out.clip_ratio.item() == pytest.approx(0.4)
+    assert out.ratio_mean.item() == pytest.approx(1.0)
+    assert out.behaviour_ratio_mean.item() == pytest.approx(1.5)
+    assert out.is_weight_mean.item() == pytest.approx(1.5) and out.is_truncated.item() == 0.0
+    out.loss.backward()
+    assert logp.grad[0].tolist() == pytest.approx([-0.3, 0.0, 0.0, -0.15, 0.45], abs=1e-6)
+
+
+def test_clipped_pg_loss_truncates_the_importance_weight_at_is_cap():
+    # at the proximal (r = 1), A = +1; proximal / behaviour = 3, 1.5, 1 -> w = 2 (cut), 1.5, 1
+    # loss = -(2 + 1.5 + 1) / 3 = -1.5; d loss / d logp = -w r A / 3
+    proximal = torch.tensor([[-1.0, -2.0, -0.5]])
+    behaviour = proximal - torch.log(torch.tensor([[3.0, 1.5, 1.0]]))
+    logp = proximal.clone().requires_grad_(True)
+    adv, mask = torch.ones(1), torch.ones(1, 3)
+    out = clipped_pg_loss(logp, behaviour, adv, mask, proximal_logp=proximal, is_cap=2.0)
+    assert out.loss.item() == pytest.approx(-1.5, abs=1e-6)
+    assert out.is_weight_mean.item() == pytest.approx(1.5)
+    assert out.is_truncated.item() == pytest.approx(1 / 3)
+    assert out.clip_ratio.item() == 0.0 and out.ratio_mean.item() == 1.0
+    out.loss.backward()
+    assert logp.grad[0].tolist() == pytest.approx([-2 / 3, -0.5, -1 / 3], abs=1e-6)
+    wide = clipped_pg_loss(logp, behaviour, adv, mask, proximal_logp=proximal, is_cap=4.0)
+    assert wide.loss.item() == pytest.approx(-(3 + 1.5 + 1) / 3, abs=1e-6)
+    assert wide.is_truncated.item() == 0.0
 
 
 def test_clipped_pg_loss_ignores_masked_tokens_and_honours_normalizer():
@@ -103,11 +145,13 @@ def test_clipped_pg_loss_kl_and_entropy_terms():
     assert out.entropy.item() == 2.0 and out.pg_loss.item() == 0.0
 
 
-def test_clipped_pg_loss_never_trains_the_behaviour_logprobs():
+def test_clipped_pg_loss_never_trains_the_behaviour_or_proximal_logprobs():
     logp = torch.zeros(1, 2, requires_grad=True)
     behaviour = torch.zeros(1, 2, requires_grad=True)
-    clipped_pg_loss(logp, behaviour, torch.ones(1), torch.ones(1, 2)).loss.backward()
-    assert behaviour.grad is None and logp.grad is not None
+    proximal = torch.zeros(1, 2, requires_grad=True)
+    out = clipped_pg_loss(logp, behaviour, torch.ones(1), torch.ones(1, 2), proximal_logp=proximal)
+    out.loss.backward()
+    assert behaviour.grad is None and proximal.grad is None and logp.grad is not None
 
 
 def test_dpo_loss_is_log2_when_policy_equals_reference():

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import math
 import warnings
 
@@ -10,9 +12,10 @@ import torch
 from peft import PeftModel
 
 from learner.logprobs import completion_logprobs, make_batch, selected_logprobs, token_logprobs
+from learner.policy.models import apply_lora
 from learner.policy.tiny_model import build_tiny_model
 from learner.samples import PreferencePair, Sample
-from learner.train_step import PolicyTrainer, TrainConfig
+from learner.train_step import OPTIMIZER_FILE, PolicyTrainer, TrainConfig
 
 # peft asks transformers a deprecated question on every forward
 warnings.filterwarnings("ignore", category=FutureWarning)
@@ -112,17 +115,58 @@ def test_missing_behaviour_logprobs_mean_ratio_one(tiny):
     assert math.isnan(m["probs_corr"])  # nothing logged to correlate with
 
 
-def test_stale_behaviour_logprobs_are_clipped(tiny):
+def test_first_use_clips_against_the_proximal_not_the_stale_behaviour(tiny):
     model, tok = tiny
     pad = tok.pad_token_id
-    trainer = PolicyTrainer(model, pad, TrainConfig(learning_rate=1e-3, kl_coef=0.0))
+    trainer = PolicyTrainer(model, pad, TrainConfig(learning_rate=1e-3, kl_coef=0.0, is_cap=2.0))
     prompt, completion = _ids(tok, "hi"), _ids(tok, "hello there")
     current = completion_logprobs(trainer.model, prompt, completion, pad)
-    stale = (current - 1.0).tolist()  # ratio e ~ 2.7 > 1.2 with a positive advantage: all clipped
+    # ratio e ~ 2.7 to the behaviour: clipping against it would stop every token's gradient
+    stale = (current - 1.0).tolist()
     m = trainer.step([Sample(prompt, completion, 1.0, behaviour_logprobs=stale)])
-    assert m["clip_ratio"] == 1.0 and m["grad_norm"] == 0.0
-    assert m["ratio_mean"] == pytest.approx(math.e, rel=1e-4)
+    assert m["ratio_mean"] == 1.0 and m["clip_ratio"] == 0.0 and m["grad_norm"] > 0.0
+    assert m["behaviour_ratio_mean"] == pytest.approx(math.e, rel=1e-4)
+    assert m["is_weight_mean"] == pytest.approx(2.0) and m["is_truncated"] == 1.0  # e cut to 2
     assert m["probs_corr"] == pytest.approx(1.0, abs=1e-5)  # scaled, still perfectly correlated
+
+
+def test_a_second_step_on_the_same_samples_clips_against_their_first_use(tiny):
+    model, tok = tiny
+    pad = tok.pad_token_id
+    trainer = PolicyTrainer(model, pad, TrainConfig(learning_rate=5e-2, kl_coef=0.0))
+    prompt, completion = _ids(tok, "hi"), _ids(tok, "hello there")
+    stale = (completion_logprobs(trainer.model, prompt, completion, pad) - 1.0).tolist()
+    sample = Sample(prompt, completion, 1.0, behaviour_logprobs=stale)
+    assert trainer.step([sample])["ratio_mean"] == 1.0
+    first_use = list(sample.proximal_logprobs)
+    assert len(first_use) == len(completion) and all(math.isfinite(x) for x in first_use)
+    second = trainer.step([sample])
+    assert second["ratio_mean"] != pytest.approx(1.0, abs=1e-3)  # the policy moved from it
+    assert second["clip_ratio"] > 0  # and the clip holds it near the first use
+    assert sample.proximal_logprobs == first_use  # kept, not overwritten by the second use
+    fresh = dataclasses.replace(sample, proximal_logprobs=None)
+    assert trainer.step([fresh])["ratio_mean"] == 1.0  # a sample never trained on: its own anchor
+
+
+def test_proximal_logprobs_align_with_loss_masks_and_micro_batches(tiny):
+    model, tok = tiny
+    pad = tok.pad_token_id
+    trainer = PolicyTrainer(model, pad, TrainConfig(learning_rate=1e-2, micro_batch_size=2))
+    prompt = _ids(tok, "hi")
+    texts = ["hello", "12+30 = 42. The answer is 42.", "sorry wrong"]
+    samples = [
+        Sample(prompt, _ids(tok, t), advantage=a) for t, a in zip(texts, [1, -1, 0.5], strict=True)
+    ]
+    n = len(samples[1].completion_ids)
+    samples[1].loss_mask = [1] * 3 + [0] * (n - 6) + [1] * 3
+    before = [completion_logprobs(trainer.model, prompt, s.completion_ids, pad) for s in samples]
+    trainer.step(samples)  # longest first: the masked sample and "sorry wrong", then "hello"
+    for s, expected in zip(samples, before, strict=True):
+        mask = s.loss_mask or [1] * len(s.completion_ids)
+        got = torch.tensor(s.proximal_logprobs)
+        keep = torch.tensor(mask, dtype=torch.bool)
+        assert torch.allclose(got[keep], expected[keep], atol=1e-5)
+        assert got[~keep].isnan().all()  # never computed, never read
 
 
 def test_metrics_in_trl_vocabulary(tiny):
@@ -217,6 +261,71 @@ def test_full_finetune_saves_safetensors(tiny, tmp_path):
     assert (tmp_path / "full" / "model.safetensors").exists()
 
 
+def _adam_state(trainer: PolicyTrainer) -> dict[int, dict[str, torch.Tensor]]:
+    return trainer._optimizer.state_dict()["state"]
+
+
+def _assert_same_adam_state(a: PolicyTrainer, b: PolicyTrainer) -> None:
+    sa, sb = _adam_state(a), _adam_state(b)
+    assert sa and sa.keys() == sb.keys()
+    for key in sa:
+        assert sa[key]["step"].item() == sb[key]["step"].item() == 1
+        assert torch.equal(sa[key]["exp_avg"], sb[key]["exp_avg"])
+        assert torch.equal(sa[key]["exp_avg_sq"], sb[key]["exp_avg_sq"])
+
+
+def test_continuing_an_adapter_continues_adams_moments(tiny, tmp_path):
+    model, tok = tiny
+    pad = tok.pad_token_id
+    trainer = PolicyTrainer(model, pad, TrainConfig(learning_rate=1e-2))
+    sample = Sample(_ids(tok, "hi"), _ids(tok, "hello there"), advantage=1.0)
+    trainer.step([sample])
+    trainer.save(tmp_path / "v1")
+    assert (tmp_path / "v1" / OPTIMIZER_FILE).exists()
+    resumed = PolicyTrainer(
+        build_tiny_model(seed=0)[0],
+        pad,
+        TrainConfig(learning_rate=5e-3),
+        adapter_dir=tmp_path / "v1",
+    )
+    _assert_same_adam_state(trainer, resumed)
+    assert resumed.step([sample])["lr"] == 5e-3  # this round's learning rate, not the saved one
+    assert all(s["step"].item() == 2 for s in _adam_state(resumed).values())
+    apply_lora(build_tiny_model(seed=0)[0], tmp_path / "v1")  # the policy server ignores the file
+
+
+def test_full_finetune_continues_adam_from_optimizer_state(tiny, tmp_path):
+    model, tok = tiny
+    pad = tok.pad_token_id
+    config = TrainConfig(learning_rate=1e-2, full_finetune=True)
+    trainer = PolicyTrainer(model, pad, config)
+    trainer.step([Sample(_ids(tok, "hi"), _ids(tok, "hello there"), advantage=1.0)])
+    trainer.save(tmp_path / "full")
+    resumed = PolicyTrainer(
+        build_tiny_model(seed=0)[0], pad, config, optimizer_state=tmp_path / "full" / OPTIMIZER_FILE
+    )
+    _assert_same_adam_state(trainer, resumed)
+
+
+def test_optimizer_state_of_another_lora_rank_is_ignored_with_a_warning(tiny, tmp_path, caplog):
+    model, tok = tiny
+    pad = tok.pad_token_id
+    sample = Sample(_ids(tok, "hi"), _ids(tok, "hello there"), advantage=1.0)
+    rank4 = PolicyTrainer(model, pad, TrainConfig(lora_rank=4))
+    rank4.step([sample])
+    rank4.save(tmp_path / "r4")
+    with caplog.at_level(logging.WARNING, logger="learner.train_step"):
+        rank16 = PolicyTrainer(
+            build_tiny_model(seed=0)[0],
+            pad,
+            TrainConfig(lora_rank=16),
+            optimizer_state=tmp_path / "r4" / OPTIMIZER_FILE,
+        )
+    assert "starting a fresh AdamW" in caplog.text
+    assert _adam_state(rank16) == {}
+    assert rank16.step([sample])["grad_norm"] > 0  # and it trains
+
+
 def test_dpo_step_widens_the_chosen_minus_rejected_margin(tiny):
     model, tok = tiny
     pad = tok.pad_token_id
@@ -249,6 +358,8 @@ def test_bad_input_is_refused_with_a_reason(tiny):
         trainer.step([Sample(p, c, 1.0, behaviour_logprobs=[-math.inf] * len(c))])
     with pytest.raises(ValueError, match="loss_mask"):
         trainer.step([Sample(p, c, 1.0, loss_mask=[2] * len(c))])
+    with pytest.raises(ValueError, match="proximal logprobs"):
+        trainer.step([Sample(p, c, 1.0, proximal_logprobs=[0.0] * (len(c) - 1))])
     with pytest.raises(ValueError, match="nothing to train on"):
         trainer.step([Sample(p, c, 1.0, loss_mask=[0] * len(c))])
     with pytest.raises(ValueError, match="at least one token"):
