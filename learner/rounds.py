@@ -104,7 +104,13 @@ def run_round(
     if not data.samples and not data.pairs and not replays.starts:
         store.settle(unusable, UNTRAINABLE)
         return None
-    trainer = PolicyTrainer(model, tokenizer.pad_token_id, plan.train, adapter_dir=adapter_dir)
+    trainer = PolicyTrainer(
+        model,
+        tokenizer.pad_token_id,
+        plan.train,
+        adapter_dir=adapter_dir,
+        optimizer_state=_optimizer_state(parent) if plan.train.full_finetune else None,
+    )
     current = version_number(parent.version)
     stop = _stopper(should_stop)
     pg = [trainer.step(c, current_version=current) for c in _pg_chunks(data, config, stop)]
@@ -194,6 +200,13 @@ def load_parent(parent: PolicyVersion, plan: RoundPlan) -> tuple[torch.nn.Module
             "first"
         )
     return model, tokenizer, checkpoint_path(parent.checkpoint_uri)
+
+
+def _optimizer_state(parent: PolicyVersion) -> Path | None:
+    """A full checkpoint's AdamW moments (a LoRA adapter's come with `adapter_dir`)."""
+    if parent.checkpoint_kind != "full":
+        return None
+    return checkpoint_path(parent.checkpoint_uri) / "optimizer.pt"
 
 
 def _replays(episodes: Sequence[Episode], tokenizer: Any, plan: RoundPlan) -> Replays:

@@ -180,13 +180,17 @@ def _says(episode: Episode, start: Start) -> bool:
     return start.grounding.answer_of(episode.trajectory.output) == start.answer
 
 
-Row = tuple[list[int], list[int], list[float] | None, int | None]  # prompt, completion, lp, version
+# prompt ids, completion ids, behaviour logprobs, policy version; and whether the logprobs are
+# also the proximal's (a run this round generated: its weights are the proximal policy)
+Row = tuple[list[int], list[int], list[float] | None, int | None, bool]
 
 
 def _turn_rows(run: Replay, config: RoundConfig) -> list[Row]:
     """The turns of a resampled run that train (all, or those before a tool's output)."""
     turns = [t for t in run.turns if config.train_after_tool or not t.after_tool]
-    return [(t.prompt_ids, t.completion_ids, t.logprobs, None) for t in turns if t.completion_ids]
+    return [
+        (t.prompt_ids, t.completion_ids, t.logprobs, None, True) for t in turns if t.completion_ids
+    ]
 
 
 def _served_rows(episode: Episode, config: RoundConfig) -> list[Row]:
@@ -201,7 +205,7 @@ def _served_rows(episode: Episode, config: RoundConfig) -> list[Row]:
         if logprobs is not None and len(logprobs) != len(step.completion_token_ids):
             logprobs = None
         version = version_number(step.policy_version)
-        rows.append((step.prompt_token_ids, step.completion_token_ids, logprobs, version))
+        rows.append((step.prompt_token_ids, step.completion_token_ids, logprobs, version, False))
     return rows
 
 
@@ -220,12 +224,13 @@ def _samples(rows: list[tuple[str, float, list[Row]]]) -> list[Sample]:
             completion_ids=list(completion),
             advantage=a,
             behaviour_logprobs=list(lp) if lp is not None else None,
+            proximal_logprobs=list(lp) if lp is not None and generated else None,
             reward=r,
             group=group,
             policy_version=version,
         )
         for (group, r, turns), a in zip(rows, adv, strict=True)
-        for prompt, completion, lp, version in turns
+        for prompt, completion, lp, version, generated in turns
     ]
 
 

@@ -1,0 +1,130 @@
+"""Verified sub-rounds on the tiny model: labelled prompts resampled, checked, learned from."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from learner.config import RoundConfig
+from learner.episodes import Episode
+from learner.labels import Grounding, find_labels
+from learner.logprobs import completion_logprobs, make_batch, selected_logprobs
+from learner.policy.chat_format import HERMES
+from learner.policy.models import load_base
+from learner.subrounds import Sampling, plan_replays, run_subrounds
+from learner.train_step import PolicyTrainer, TrainConfig
+from tests.learner.learner_events import completion_ids, feedback, prompt_ids, trajectory
+from tests.model_cache import MODEL_CACHE
+from tools.verifiers import final_number, mentioned_number
+
+warnings.filterwarnings("ignore", category=FutureWarning)  # peft's deprecated question
+
+QUESTIONS = ["What is 12 plus 30?", "What is 40 plus 2?"]
+RIGHT, WRONG = "#### 42", "#### 40"
+TUTOR = {"tutor": Grounding(final_number, mentioned_number, (), max_steps=1, tool_format=HERMES)}
+CONFIG = RoundConfig(subrounds=4, resample_n=8, batch_size=16)
+
+
+def _taught(answers: list[str]):
+    """The tiny model fitted (all weights, cross-entropy) to answer each question with
+    `answers` in those proportions."""
+    model, tok = load_base("tiny", cache_dir=MODEL_CACHE)
+    pairs = [(prompt_ids(q), completion_ids(a)) for q in QUESTIONS for a in answers]
+    batch = make_batch([p for p, _ in pairs], [c for _, c in pairs], tok.pad_token_id)
+    optim = torch.optim.Adam(model.parameters(), lr=1e-2)
+    model.train()
+    for _ in range(150):
+        logp, _ = selected_logprobs(model, batch)  # (N,)
+        loss = -logp.mean()
+        optim.zero_grad()
+        loss.backward()
+        optim.step()
+    return model.eval().requires_grad_(False), tok
+
+
+def _mixed_model():
+    """Right 3 times in 8, wrong otherwise: the band RL can amplify."""
+    return _taught([RIGHT] * 3 + [WRONG] * 5)
+
+
+def _served(users: int = 4) -> list[Episode]:
+    """Served runs: right answers thumbed up, wrong ones down (the labels' evidence)."""
+    out = []
+    for q in QUESTIONS:
+        for i in range(users):
+            t = trajectory(q, RIGHT if i % 2 else WRONG, user=f"{q[-4:]}{i}", logprobs=True)
+            out.append(Episode(t, (feedback(t.event_id, "thumbs", 1 if i % 2 else -1),)))
+    return out
+
+
+def _p_right(model, q: str) -> float:
+    return float(completion_logprobs(model, prompt_ids(q), completion_ids(RIGHT), 0).sum().exp())
+
+
+@pytest.fixture(scope="module")
+def outcome():
+    model, tok = _mixed_model()
+    before = [_p_right(model, q) for q in QUESTIONS]
+    episodes = _served()
+    labels = find_labels(episodes, TUTOR, max_user_share=1.0)
+    replays = plan_replays(episodes, labels, TUTOR, CONFIG, tok)
+    train = TrainConfig(learning_rate=2e-2, lora_rank=8, lora_alpha=16, kl_coef=0.0)
+    trainer = PolicyTrainer(model, tok.pad_token_id, train)
+    result = run_subrounds(
+        trainer,
+        tok,
+        episodes,
+        replays,
+        CONFIG,
+        Sampling(temperature=1.0, max_tokens=8),
+        seed=0,
+        current_version=0,
+        check_stop=lambda: None,
+    )
+    return before, [_p_right(trainer.model, q) for q in QUESTIONS], labels, result
+
+
+def test_the_labels_and_the_starting_rate_are_what_the_world_says(outcome):
+    before, _, labels, result = outcome
+    assert sorted(lb.answer for lb in labels.values()) == ["42", "42"]
+    assert result.metrics["labels/replayed"] == 2
+    assert all(0.2 < p < 0.6 for p in before), before  # the band RL can amplify
+    assert 0.1 < result.metrics["subround/solved_first"] < 0.7
+
+
+def test_the_verified_reward_rises_across_sub_rounds(outcome):
+    before, after, _, result = outcome
+    m = result.metrics
+    assert m["subround/solved_last"] > m["subround/solved_first"] + 0.2, m
+    assert all(a > b + 0.2 for a, b in zip(after, before, strict=True)), (before, after)
+
+
+def test_every_source_of_reward_is_counted(outcome):
+    _, _, _, result = outcome
+    m = result.metrics
+    assert m["reward_sources/verified"] == CONFIG.subrounds * 2 * CONFIG.resample_n
+    assert m["reward_sources/label_served"] == 8  # the served runs joined their groups once
+    assert result.used == set(range(8)) and result.updates  # every served run counts as used
+
+
+def test_a_round_whose_groups_all_tie_makes_no_update():
+    model, tok = _taught([RIGHT])
+    episodes = [e for e in _served() if e.trajectory.output == RIGHT]
+    labels = find_labels(episodes, TUTOR, max_user_share=1.0)
+    replays = plan_replays(episodes, labels, TUTOR, CONFIG, tok)
+    trainer = PolicyTrainer(model, tok.pad_token_id, TrainConfig(kl_coef=0.0))
+    result = run_subrounds(
+        trainer,
+        tok,
+        episodes,
+        replays,
+        RoundConfig(subrounds=1, resample_n=4),
+        Sampling(temperature=0.0, max_tokens=8),
+        seed=0,
+        current_version=0,
+        check_stop=lambda: None,
+    )
+    assert result.metrics["subround/solved_first"] == 1.0
+    assert result.updates == []  # every run right: no advantage, no step
