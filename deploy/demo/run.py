@@ -96,6 +96,12 @@ def stack_env(opts: DemoOptions, policy_url: str) -> dict[str, dict[str, str]]:
     """The `ARLOOP_*` settings of each process."""
     threads = str(opts.threads)
     trainable = str(opts.episodes - _quiet(opts))
+    # how the agents sample and write tools: the learner's sub-rounds resample alike
+    sampling = {
+        "ARLOOP_TOOL_FORMAT": "line",  # what the pack's worked example is sized for
+        "ARLOOP_POLICY_TEMPERATURE": str(opts.temperature),
+        "ARLOOP_POLICY_MAX_TOKENS": str(opts.max_tokens),
+    }
     return {
         "policy": {
             "ARLOOP_BASE_MODEL": opts.model,
@@ -104,13 +110,12 @@ def stack_env(opts: DemoOptions, policy_url: str) -> dict[str, dict[str, str]]:
             "ARLOOP_BATCH_WINDOW_MS": "20",
             "ARLOOP_MAX_TOKENS_CAP": str(opts.max_tokens),
             "ARLOOP_RELOAD_POLL_S": "1",
-            "ARLOOP_TOOL_FORMAT": "line",  # what the pack's worked example is sized for
+            "ARLOOP_TOOL_FORMAT": sampling["ARLOOP_TOOL_FORMAT"],
         },
         "agents": {
             "ARLOOP_PACKS": '["tutoring"]',
             "ARLOOP_POLICY_API_BASE": policy_url,
-            "ARLOOP_POLICY_TEMPERATURE": str(opts.temperature),
-            "ARLOOP_POLICY_MAX_TOKENS": str(opts.max_tokens),
+            **{k: v for k, v in sampling.items() if k != "ARLOOP_TOOL_FORMAT"},
             "ARLOOP_CANARY_SHARE": "0",
             "ARLOOP_API_KEYS": f'["{API_KEY}"]',
             "ARLOOP_SECRET_KEY": secrets.token_hex(32),
@@ -120,6 +125,7 @@ def stack_env(opts: DemoOptions, policy_url: str) -> dict[str, dict[str, str]]:
         },
         "learn": {
             "ARLOOP_BASE_MODEL": opts.model,
+            **sampling,
             "OMP_NUM_THREADS": threads,
             "ARLOOP_MIN_EPISODES": trainable,
             "ARLOOP_ROUND__MAX_EPISODES": trainable,

@@ -95,6 +95,18 @@ def summary_line(r: RoundResult) -> str:
         f"{r.version} <- {r.parent}  episodes {r.episodes}  samples {r.samples}  pairs {r.pairs}"
         f"  reward {_f(r.reward_mean)}  kl {_f(m.get('kl', math.nan), 4)}"
         f"  loss {_f(m.get('loss', m.get('dpo/loss', math.nan)), 4)}  {r.seconds:.1f}s  {where}"
+        + _subround_part(m)
+    )
+
+
+def _subround_part(m: dict[str, float]) -> str:
+    """The verified sub-rounds' figures: labels, solved rate first -> last, their cost."""
+    if not m.get("labels/replayed"):
+        return f"  labels {m['labels']:.0f}, none replayed" if m.get("labels") else ""
+    return (
+        f"  labels {m['labels']:.0f} (replayed {m['labels/replayed']:.0f}): verified "
+        f"{m['subround/solved_first']:.0%} -> {m['subround/solved_last']:.0%} "
+        f"(generate {m['subround/generate_s']:.0f}s, update {m['subround/update_s']:.0f}s)"
     )
 
 
