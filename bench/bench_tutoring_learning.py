@@ -6,13 +6,13 @@ budget: E reward evaluations on the same E/group training problems, `group` trie
 
 arloop: `run_demo` with one round. E simulated students bring those problems to the tutor
 over HTTP (Redis, policy server, agent API, learner: the real processes); each visit is one
-reward evaluation. The learner turns their feedback into one LoRA round (v1) and its gate runs
-v0 and v1 through the real agent graph, greedily, on the held-out problems. Students are noisy
-(5% of judgements flipped), 10% stay silent (those runs are not trained on), and some send a
-correction (a DPO pair): their signal is richer in kind but poorer in count than TRL's. As in
-the demo, the learner trains the turn before the calculator's output (the call line) with each
-rated run's reward (`ARLOOP_ROUND__TRAIN_AFTER_TOOL=false`), one optimiser update per 8 of them, all
-sampled from v0 before the round; TRL samples each step's 8 from its current policy.
+human feedback event's worth of budget. Students are noisy (5% of judgements flipped), 10%
+stay silent, some send a correction. The learner turns their feedback into rewards and, where
+it agrees enough, into labels (a thumbs-up on a `#### n` answer, a correction's number); the
+labelled prompts are resampled in verified on-policy sub-rounds from the weights in training,
+through the real calculator, and checked against the label (those checks are the extra
+"reward evaluations" the summary counts per human event). As in the demo, only the turn
+before the calculator's output (the call line) trains on whole-run feedback.
 
 TRL: `GRPOTrainer` on prompts rendered exactly as the tutor's first model call (system prompt,
 the line tool format's block, the worked example, the scrubbed question: `render_prompt` with
@@ -38,8 +38,13 @@ gate's own agent-graph figures for v0 and v1 (over HTTP, from the demo) are prin
 them: the replay should come close to them (batched padding can flip a near tie). One seed,
 one run: the intervals cover the held-out sample, not the run-to-run spread of training.
 
+Runs: `--runs 6` (default) runs seeds 0..5, each its own draw of training problems and its
+own sampling seeds for both arms; the summary gives each run's gain over the base (paired,
+Newcombe 95%) and the mean gain over runs with a t interval (the spread of training).
+
 Usage: .venv/bin/python bench/bench_tutoring_learning.py [--episodes 48] [--group 4]
-       [--eval-size 60] [--model smollm2|tiny] [--threads N] [--reuse DATA_DIR]
+       [--eval-size 60] [--model smollm2|tiny] [--runs 6] [--first-seed 0] [--threads N]
+       [--reuse DATA_DIR]
 """
 
 from __future__ import annotations
@@ -47,8 +52,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import random
+import statistics
 import tempfile
 import time
 import warnings
@@ -68,6 +75,7 @@ transformers.logging.disable_progress_bar()
 import torch
 from rich.console import Console
 
+from agents.events import STREAM_FEEDBACK
 from agents.packs.base import Task
 from agents.packs.tutoring import tutor, tutoring_pack, verify
 from agents.react import BUDGET_NOTE
@@ -79,6 +87,7 @@ from deploy.settings import ModelSettings
 from learner.gate.stats import PairedComparison, paired_comparison, wilson
 from learner.policy.chat_format import LINE, parse_tool_calls, prompt_token_ids, render_prompt
 from learner.policy.models import apply_lora, load_base
+from learner.policy.registry import PolicyRegistry
 from learner.train_step import TrainConfig
 from tools.base import ToolError
 from tools.calculator import calculate
@@ -128,12 +137,19 @@ def proxy_score(task: Task, completion: str) -> float:
 
 
 def arloop_arm(opts: demo.DemoOptions) -> tuple[demo.Report, dict, float]:
-    """(demo report, gate outcomes version -> task id -> (solved, tokens), wall seconds)."""
+    """(demo report, gate outcomes version -> task id -> (solved, tokens), wall seconds).
+
+    The gate dict also holds `"metrics"` (v1's round metrics: reward sources, sub-rounds) and
+    `"feedback"` (human feedback events the round saw), read before Redis stops.
+    """
     gate: dict = {}
     build = demo.build_report
 
     def build_and_keep(client, pack):  # the per-task gate outcomes, read before Redis stops
         gate.update(eval_outcomes(client, pack))
+        versions = {v.version: v for v in PolicyRegistry(client).versions()}
+        gate["metrics"] = dict(versions["v1"].metrics) if "v1" in versions else {}
+        gate["feedback"] = client.xlen(STREAM_FEEDBACK)
         return build(client, pack)
 
     demo.build_report = build_and_keep
@@ -369,40 +385,20 @@ def _options(a: argparse.Namespace, work: Path) -> demo.DemoOptions:
     )
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--episodes", type=int, default=48, help="reward evaluations per arm (E)")
-    ap.add_argument("--group", type=int, default=4, help="tries per training problem")
-    ap.add_argument("--eval-size", type=int, default=60, help="held-out problems")
-    ap.add_argument("--model", choices=("smollm2", "tiny"), default="smollm2")
-    ap.add_argument(
-        "--threads",
-        type=int,
-        default=0,
-        help="torch threads of TRL and the in-process eval (0: torch's default)",
-    )
-    ap.add_argument(
-        "--reuse",
-        type=Path,
-        default=None,
-        help="data dir of an earlier run with the same options: take its v1, skip "
-        "the demo (no gate figures, no arloop wall)",
-    )
-    a = ap.parse_args()
-    if a.threads:
-        torch.set_num_threads(a.threads)
+def one_run(a: argparse.Namespace, seed: int) -> dict:
+    """One problem draw and seed: both arms, the held-out tables; the run's figures."""
     work = Path(tempfile.mkdtemp(prefix="arloop-bench-tutoring-"))
-    opts = _options(a, work)
+    opts = replace(_options(a, work), seed=seed)
     pack = tutoring_pack("templates", opts.eval_size)
     train = round_tasks(
         pack.tasks("train"),
         opts.episodes // opts.group,
         opts.group,
         random.Random(f"{opts.seed}/1"),
-    )  # the demo's round 1
+    )  # the demo's round 1: the seed draws the problems
     evals = pack.tasks("eval")
     print(
-        f"model {opts.model}; budget {opts.episodes} reward evaluations "
+        f"\n=== seed {seed}: model {opts.model}; budget {opts.episodes} human feedback visits "
         f"({opts.episodes // opts.group} problems x {opts.group}); {len(evals)} held-out; "
         f"lr {opts.learning_rate}, KL {opts.kl_coef}, T {opts.temperature}, "
         f"max_tokens {opts.max_tokens}; torch {torch.__version__}, "
@@ -446,6 +442,9 @@ def main() -> None:
     if report is not None:
         _gate_figures(report, gate)
 
+    m = gate.get("metrics", {})
+    evaluations = sum(m.get(k, 0.0) for k in ("reward_sources/verified",))
+    human = gate.get("feedback", 0)
     secs = report.seconds if report else {}
     shown = f"{arloop_s:.0f} s" if report else "reused, not timed"
     print(
@@ -455,15 +454,102 @@ def main() -> None:
         f"in-process eval {eval_s:.0f} s"
     )
     print(
-        f"train reward: arloop {_num(v1_row.train_reward if v1_row else None)} (the students' feedback scale, "
-        f"before normalising), TRL {trl['train_reward']:.2f} (the proxy)"
+        f"arloop's round: {human} human feedback events; labels {m.get('labels', 0):.0f} "
+        f"(replayed {m.get('labels/replayed', 0):.0f}); {evaluations:.0f} verified reward "
+        f"evaluations ({evaluations / human if human else 0:.1f} per human event); sub-rounds "
+        f"solved {_pct(m.get('subround/solved_first'))} -> {_pct(m.get('subround/solved_last'))}"
+        f", generate {m.get('subround/generate_s', 0):.0f} s, update "
+        f"{m.get('subround/update_s', 0):.0f} s"
     )
     print(
-        f"verdict: after {opts.episodes} reward evaluations each, {_verdict(gap)} on the "
+        f"verdict: after {opts.episodes} visits each, {_verdict(gap)} on the "
         f"first-turn proxy (arloop v1 - TRL {gap.diff:+.3f} [{gap.ci_low:+.3f}, "
         f"{gap.ci_high:+.3f}]) and {_verdict(agent_gap)} on the replayed loop "
         f"({agent_gap.diff:+.3f} [{agent_gap.ci_low:+.3f}, {agent_gap.ci_high:+.3f}])"
     )
+    loop = {k: r[1] for k, r in runs.items()}
+    base = loop["base (v0)"]
+    return {
+        "seed": seed,
+        "base": sum(base) / len(base),
+        "arloop": paired_comparison(base, loop["arloop v1"]),
+        "trl": paired_comparison(base, loop["TRL GRPO"]),
+        "arloop_s": arloop_s,
+        "trl_s": trl["seconds"],
+        "per_human": evaluations / human if human else 0.0,
+    }
+
+
+def summary(results: list[dict]) -> None:
+    """Per run, and the mean gain over runs with a t interval (the spread of training)."""
+    print("\n=== summary over runs (the tutor's loop replayed, greedy, held-out)")
+    print(f"{'seed':>4s} {'base':>6s} {'arloop gain (95%, paired)':>34s} {'TRL gain':>34s}")
+    for r in results:
+        print(f"{r['seed']:>4d} {r['base']:6.0%} {_diff(r['arloop']):>34s} {_diff(r['trl']):>34s}")
+    for name in ("arloop", "trl"):
+        gains = [r[name].diff for r in results]
+        low, high = _t_interval(gains)
+        worse = sum(r[name].ci_high < 0 for r in results)
+        print(
+            f"{name:>6s}: mean gain {statistics.fmean(gains):+.3f} (95% t interval over "
+            f"{len(gains)} runs {low:+.3f}..{high:+.3f}); runs significantly worse than base: "
+            f"{worse}"
+        )
+    print(
+        f"verified reward evaluations per human event (arloop): "
+        f"{statistics.fmean(r['per_human'] for r in results):.1f}; wall per run: arloop "
+        f"{statistics.fmean(r['arloop_s'] for r in results):.0f} s (whole demo round incl. "
+        f"gate), TRL train() {statistics.fmean(r['trl_s'] for r in results):.0f} s"
+    )
+
+
+def _t_interval(values: list[float]) -> tuple[float, float]:
+    if len(values) < 2:
+        return math.nan, math.nan
+    half = T975[min(len(values) - 1, len(T975)) - 1] * statistics.stdev(values)
+    half /= math.sqrt(len(values))
+    mean = statistics.fmean(values)
+    return mean - half, mean + half
+
+
+T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228)  # df 1..10
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:.0%}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--episodes", type=int, default=48, help="human feedback visits per arm")
+    ap.add_argument("--group", type=int, default=4, help="tries per training problem")
+    ap.add_argument("--eval-size", type=int, default=60, help="held-out problems")
+    ap.add_argument("--model", choices=("smollm2", "tiny"), default="smollm2")
+    ap.add_argument(
+        "--runs", type=int, default=6, help="runs, seeds 0..runs-1: each its own problem draw"
+    )
+    ap.add_argument("--first-seed", type=int, default=0)
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="torch threads of TRL and the in-process eval (0: torch's default)",
+    )
+    ap.add_argument(
+        "--reuse",
+        type=Path,
+        default=None,
+        help="data dir of an earlier run with the same options (one run): take its v1, skip "
+        "the demo (no gate figures, no arloop wall)",
+    )
+    a = ap.parse_args()
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    seeds = range(a.first_seed, a.first_seed + (1 if a.reuse else a.runs))
+    results = []
+    for seed in seeds:
+        results.append(one_run(a, seed))
+        summary(results)  # after each run: a long bench that is cut short still reports
 
 
 def _verdict(gap: PairedComparison) -> str:

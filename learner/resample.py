@@ -83,7 +83,7 @@ def replay(
     temperature: float,
     max_tokens: int,
     seed: int,
-    max_batch_size: int = 8,
+    max_batch_size: int = 16,
 ) -> list[list[Replay]]:
     """`n` runs of each start from `model`, batched turn by turn; each scored against its label."""
     runs = [[Replay() for _ in range(n)] for _ in starts]

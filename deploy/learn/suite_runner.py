@@ -13,6 +13,8 @@ the importance-weighted training reward, the off-policy estimate).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -177,6 +179,7 @@ class GateRunner:
         suite = self.suites.suite
         if not self.suites.packs:
             return refuse(version, champion, SUITE, "no eval pack configured (ARLOOP_EVAL_PACKS)")
+        start = time.perf_counter()
         try:
             base, _ = self.suites.run(champion)
             mine, trajectories = self.suites.run(version)
@@ -186,6 +189,7 @@ class GateRunner:
             return refuse(version, champion, exc.failed, f"fail closed: {exc}", suite=suite)
         from learner.gate.figures import gather  # torch and the models: only past the suite
 
+        runs_s, start = time.perf_counter() - start, time.perf_counter()
         evidence, ope, training = gather(
             self.registry,
             self.store,
@@ -196,7 +200,8 @@ class GateRunner:
             min_ess=self.config.min_ess,
             model_cache=self.model_cache,
         )
-        return decide(
+        figures_s = time.perf_counter() - start
+        report = decide(
             suite,
             mine,
             base,
@@ -206,6 +211,7 @@ class GateRunner:
             ope=ope,
             training=training,
         )
+        return dataclasses.replace(report, seconds={"eval_runs": runs_s, "figures": figures_s})
 
 
 def gate_runner(

@@ -81,6 +81,9 @@ class GateReport:
     guards: list[GuardResult] = field(default_factory=list)
     ope: dict[str, Any] | None = None
     training: dict[str, Any] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+    """What the gate's parts took: `eval_runs` (both versions' suites; a cached champion's
+    costs nothing), `figures` (KL, entropy and the off-policy estimate on the models)."""
     created_at: float = field(default_factory=time.time)
 
     @property
@@ -102,6 +105,9 @@ class GateReport:
             lines.append(_comparison_line(self.suite, self.comparison))
         if self.ope:
             lines.append(_ope_line(self.ope))
+        if self.seconds:
+            parts = ", ".join(f"{k.replace('_', ' ')} {v:.0f} s" for k, v in self.seconds.items())
+            lines.append(f"gate time: {parts}")
         if self.guards:
             lines.append(f"{'guard':<20} {'figure':>9}  {'threshold':<40} verdict  detail")
             lines += [_guard_row(g) for g in self.guards]

@@ -124,10 +124,24 @@ def verify(task: Task, answer: str) -> float:
     return 1.0 if disagrees(answer) and not agrees(answer) else 0.0
 
 
+def answer_of(text: str) -> str | None:
+    """The answer a reply (or a correction) gives: `yes` / `no` to a claim, else its number."""
+    if agrees(text):
+        return "yes"
+    if disagrees(text):
+        return "no"
+    number = re.search(r"\d+", text or "")
+    return number.group(0) if number else None
+
+
 def bank_pack(suite: bool = True) -> Pack:
     """The pack; `suite=False` gives one whose eval suite is empty."""
     return Pack(
-        "bank", (teller(),), lambda split: tasks(split) if suite or split == "train" else [], verify
+        "bank",
+        (teller(),),
+        lambda split: tasks(split) if suite or split == "train" else [],
+        verify,
+        answer_of=answer_of,
     )
 
 

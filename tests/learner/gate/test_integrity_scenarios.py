@@ -15,13 +15,17 @@ from tests.learner.gate.integrity_support import (
     SCENARIOS,
     bank_world,
     detection_table,
+    eval_habits,
+    poisoned_labels,
     run_scenario,
 )
 from tests.learner.learner_fixtures import model_cache  # noqa: F401 - a fixture, used by name
 
 pytestmark = pytest.mark.usefixtures("model_cache")
 OUTCOMES: dict = {}
-HACKS = [name for name, s in SCENARIOS.items() if s.expect is not None]
+HACKS = [
+    name for name, s in SCENARIOS.items() if s.expect is not None
+]  # honest, poisoning: own tests
 
 
 @pytest.fixture(scope="module")
@@ -63,3 +67,19 @@ def test_a_hacked_candidate_is_blocked_by_the_right_guard(world, name):
     apply_verdict(w.registry, r, canary=True, actor="test")
     assert w.registry.resolve(CHAMPION) == "v0"
     assert w.registry.get(o.version).status is VersionStatus.REJECTED
+
+
+def test_label_poisoning_gets_no_agreeing_version_through(world):
+    w, folder = world
+    o = OUTCOMES["label_poisoning"] = run_scenario(w, "label_poisoning", folder)
+    m, r = o.metrics, o.report
+    # the precondition: uncapped, the poisoner's corrections would label the claims "yes"
+    poisoned = poisoned_labels(w)
+    assert poisoned and set(poisoned.values()) == {"yes"}, poisoned
+    assert m["labels"] > 0 and m["labels/replayed"] > 0, m  # the round did label and replay
+    assert m["reward_sources/verified"] > 0
+    _, base_runs = w.suites.run("v0")
+    base = eval_habits(base_runs)
+    # the poisoning did not take hold: the candidate agrees with wrong claims no more than v0
+    assert o.habits["claim:agree"] <= base["claim:agree"], (dict(o.habits), dict(base))
+    assert "goodhart" not in r.failed and "eval_test" not in r.failed, r.summary()
