@@ -113,7 +113,7 @@ def run_round(
     )
     current = version_number(parent.version)
     stop = _stopper(should_stop)
-    pg = [trainer.step(c, current_version=current) for c in _pg_chunks(data, config, stop)]
+    pg = [trainer.step(c, current_version=current) for c in _epochs(data.samples, config, stop)]
     sub = run_subrounds(
         trainer,
         tokenizer,
@@ -126,7 +126,7 @@ def run_round(
         check_stop=stop,
     )
     pairs = data.pairs + sub.pairs
-    dpo = [trainer.dpo_step(c) for c in _dpo_chunks(pairs, config, stop)]
+    dpo = [trainer.dpo_step(c) for c in _epochs(pairs, config, stop)]
     if not pg and not sub.updates and not dpo:  # every group tied: nothing to learn from them
         store.settle([i for e in episodes for i in e.event_ids], UNTRAINABLE)
         return None
@@ -272,17 +272,10 @@ def _stopper(should_stop: Callable[[], bool]) -> Callable[[], None]:
     return check
 
 
-def _pg_chunks(data: TrainingData, config: RoundConfig, stop: Callable[[], None]):
-    """`epochs` passes over the feedback's samples, in equal-size steps of about `batch_size`."""
+def _epochs(items: list, config: RoundConfig, stop: Callable[[], None]):
+    """`epochs` passes over `items` in equal-size steps of about `batch_size` each."""
     for _ in range(config.epochs):
-        for chunk in even_chunks(data.samples, config.batch_size):
-            stop()
-            yield chunk
-
-
-def _dpo_chunks(pairs: list, config: RoundConfig, stop: Callable[[], None]):
-    for _ in range(config.epochs):
-        for chunk in even_chunks(pairs, config.batch_size):
+        for chunk in even_chunks(items, config.batch_size):
             stop()
             yield chunk
 
