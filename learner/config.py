@@ -60,6 +60,8 @@ class TrainConfig(BaseModel):
     """Clip the global gradient norm to this; <= 0 disables clipping (the norm is still reported)."""
     dpo_beta: float = Field(0.1, gt=0.0)
     """DPO temperature: how far the policy may move from the reference per unit of preference."""
+    kto_beta: float = Field(0.1, gt=0.0)
+    """KTO temperature (TRL's `beta`): how sharply a judged answer's loss saturates."""
     seed: int = 0
     """Seeds the adapter's initialisation."""
 
@@ -102,3 +104,17 @@ class RoundConfig(BaseModel):
     """Share of users' judgements assumed flipped: how much one thumbs-up says (0.05: 95 %)."""
     label_threshold: float = Field(0.9, gt=0.5, lt=1.0)
     """Confidence the votes must give an answer before it labels its prompt."""
+    kto_judgements: bool = True
+    """A served run judged only by thumbs or ratings and alone for its prompt trains by KTO
+    (desirable above 0, undesirable below) rather than by policy gradient, whose baseline
+    would then compare it with other prompts; false: policy gradient for those too."""
+    reward_model_heads: int = Field(8, ge=0)
+    """Heads of the reward-model ensemble fitted each round on the store's judged runs, to
+    score runs nobody judged (`learner/reward_model.py`); 0: no reward model."""
+    reward_model_k: float = Field(1.0, ge=0.0)
+    """Pessimism: a silent run trains on the heads' mean score minus k times their spread."""
+    reward_model_min_runs: int = Field(64, ge=4)
+    """Judged runs (a non-neutral judgement, logged token ids) needed before a fit."""
+    reward_model_min_auroc: float = Field(0.75, ge=0.5, le=1.0)
+    """Held-out AUROC a fit must reach before its scores train anything; below it silent
+    runs are let go as without a reward model."""

@@ -1,4 +1,4 @@
-"""The learner's loss math: decoupled clipped policy gradient, k3 KL, entropy, DPO.
+"""The learner's loss math: decoupled clipped policy gradient, k3 KL, entropy, DPO, KTO.
 
 Pure functions: tensors in, a typed result out; no model, config or I/O here. Advantage
 estimators live in `learner.advantages` and are re-exported so callers need one import.
@@ -23,6 +23,7 @@ from learner.advantages import (
 
 __all__ = [
     "DPOLoss",
+    "KTOLoss",
     "PGLoss",
     "RunningBaseline",
     "clipped_pg_loss",
@@ -30,6 +31,7 @@ __all__ = [
     "entropy_from_logits",
     "group_advantages",
     "kl_k3",
+    "kto_loss",
     "masked_mean",
     "rloo_advantages",
     "running_baseline_advantages",
@@ -189,3 +191,48 @@ def dpo_loss(
         reward_margin=margin.mean(),
         accuracy=(margin > 0).to(margin.dtype).mean(),
     )
+
+
+@dataclass
+class KTOLoss:
+    """The KTO loss, per answer and averaged, with its reference point (all but the losses detached)."""
+
+    loss: Tensor
+    """Scalar: the weighted per-answer losses' mean."""
+    losses: Tensor
+    """(B,) weight * per-answer loss, with gradient (sum these over micro-batches)."""
+    kl: Tensor
+    """The reference point z0 = max(0, mean KL estimate over mismatched pairs)."""
+    rewards: Tensor
+    """(B,) implied rewards beta * (log pi(y|x) - log ref(y|x))."""
+
+
+def kto_reference_point(kl_logp: Tensor, ref_kl_logp: Tensor) -> Tensor:
+    """KTO's z0: the mean of log pi - log ref over (B,) mismatched (prompt, completion) pairs,
+    clamped at 0 and detached (TRL's estimate of KL(pi || ref))."""
+    return (kl_logp - ref_kl_logp).mean().detach().clamp(min=0.0)
+
+
+def kto_loss(
+    logp: Tensor,
+    ref_logp: Tensor,
+    desirable: Tensor,
+    kl: Tensor,
+    *,
+    beta: float = 0.1,
+    weights: Tensor | None = None,
+) -> KTOLoss:
+    """Kahneman-Tversky Optimisation (Ethayarajh et al., 2024) on (B,) sequence log-prob sums.
+
+    With r = log pi(y|x) - log ref(y|x) and the reference point z0 = `kl`
+    (`kto_reference_point`), a desirable answer costs 1 - sigmoid(beta (r - z0)), an
+    undesirable one 1 - sigmoid(beta (z0 - r)); each is multiplied by its weight (TRL's
+    desirable_weight / undesirable_weight, or a per-answer weight) and the batch averaged.
+    desirable: (B,) bool.
+    """
+    r = logp - ref_logp.detach()  # (B,)
+    sign = torch.where(desirable, 1.0, -1.0).to(r.dtype)  # (B,)
+    per = 1.0 - torch.sigmoid(beta * sign * (r - kl.detach()))  # (B,)
+    if weights is not None:
+        per = per * weights.to(per.dtype)
+    return KTOLoss(loss=per.mean(), losses=per, kl=kl.detach(), rewards=(beta * r).detach())

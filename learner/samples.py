@@ -6,7 +6,9 @@ A sample's advantage compares its reward with samples of other episodes of the s
 group (GRPO, when the group holds two or more episodes: `metadata["group"]`, else identical
 first prompt ids), else with the rest of the batch (RLOO) or a running mean across rounds.
 A correction of an answer the model wrote from a tool's output is not made a pair (counted:
-see `build_training_data`).
+see `build_training_data`). A served answer judged only by thumbs or ratings and alone for its
+prompt can go to KTO instead (`Judged`): with no group its policy-gradient advantage would
+compare it with other prompts, whose difficulty swamps the judgement.
 """
 
 from __future__ import annotations
@@ -61,11 +63,33 @@ class PreferencePair:
 
 
 @dataclass
+class Judged:
+    """A served answer users only judged (thumbs, ratings), for KTO: desirable or not."""
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    desirable: bool
+    weight: float = 1.0
+    """|reward| after the per-user cap: a capped user's judgement weighs less."""
+
+
+JUDGEMENTS = frozenset({FeedbackKind.THUMBS, FeedbackKind.RATING})
+
+
+def judged_only(episode: Episode) -> bool:
+    """Whether users only judged the run (thumbs, ratings): no correction, outcome or verifier."""
+    fb = episode.feedback
+    return bool(fb) and all(f.kind in JUDGEMENTS and f.source == "user" for f in fb)
+
+
+@dataclass
 class TrainingData:
     """What one round trains on, and what it could not use."""
 
     samples: list[Sample] = field(default_factory=list)
     pairs: list[PreferencePair] = field(default_factory=list)
+    judged: list[Judged] = field(default_factory=list)
+    """Answers alone for their prompt and only judged, when the round trains those by KTO."""
     used: list[int] = field(default_factory=list)  # indices of episodes with a sample or pair
     skipped_steps: int = 0  # rewarded model steps without logged token ids
     skipped_corrections: int = 0  # corrections of an answer read off a tool's output
@@ -157,11 +181,15 @@ def build_training_data(
     state: RunningBaseline | None = None,
     normalise_rewards: bool = True,
     text_pairs: Callable[[Episode], bool] = lambda episode: True,
+    judged_only: Callable[[Episode], bool] = lambda episode: False,
 ) -> TrainingData:
-    """Samples (one per rewarded model step with token ids) and DPO pairs for one round.
+    """Samples (one per rewarded model step with token ids), DPO pairs and KTO answers.
 
     `text_pairs(episode)` False: the episode's correction makes no pair from the user's text
     (its agent's pack reads corrections as labels, `learner.subrounds`); it is counted.
+    `judged_only(episode)` True for an episode alone in its prompt group: its rewarded steps
+    become `Judged` answers (desirable when their reward is above 0; a neutral 0 trains
+    nothing) instead of policy-gradient samples.
     """
     data = TrainingData(baseline=state or RunningBaseline())
     rows: list[tuple[int, ModelStep, float]] = []
@@ -184,6 +212,7 @@ def build_training_data(
         elif found is not None and (pair := preference_pair(*found, encode, eos_id)) is not None:
             data.pairs.append(pair)
             data.used.append(e)
+    rows = _split_judged(episodes, rows, judged_only, data)
     if rows:
         values = [r for _, _, r in rows]
         groups = [group_key(episodes[e].trajectory) for e, _, _ in rows]
@@ -192,8 +221,33 @@ def build_training_data(
         )
         made = zip(rows, adv, groups, strict=True)
         data.samples = [_sample(step, a, r, g) for (_, step, r), a, g in made]
-        data.used = sorted(set(data.used) | {e for e, _, _ in rows})
+    data.used = sorted(set(data.used) | {e for e, _, _ in rows})
     return data
+
+
+def _split_judged(
+    episodes: Sequence[Episode],
+    rows: list[tuple[int, ModelStep, float]],
+    judged_only: Callable[[Episode], bool],
+    data: TrainingData,
+) -> list[tuple[int, ModelStep, float]]:
+    """Move the rows of judged-only episodes alone in their group to `data.judged`; the rest.
+
+    KTO's reference point needs two answers or more: a single one stays policy gradient.
+    """
+    members: dict[str, set[int]] = {}
+    for e, _, _ in rows:
+        members.setdefault(group_key(episodes[e].trajectory), set()).add(e)
+    alone = {e for group in members.values() if len(group) == 1 for e in group}
+    kto = {e for e in alone if judged_only(episodes[e])}
+    judged = [(e, step, r) for e, step, r in rows if e in kto and r != 0]
+    if len(judged) < 2:
+        return rows
+    for e, step, r in judged:
+        ids = list(step.prompt_token_ids or []), list(step.completion_token_ids or [])
+        data.judged.append(Judged(*ids, r > 0, abs(r)))
+        data.used.append(e)
+    return [row for row in rows if row[0] not in kto]
 
 
 def _sample(step: ModelStep, advantage: float, reward: float, group: str) -> Sample:

@@ -1,4 +1,4 @@
-"""One optimiser update of the policy from logged samples: decoupled PPO (RL) or DPO.
+"""One optimiser update of the policy from logged samples: decoupled PPO (RL), DPO or KTO.
 
 Current log-probabilities are recomputed on the logged token ids; the loss math is in
 `learner.losses`. The PPO clip is against a sample's proximal logprobs, those of its first
@@ -31,8 +31,18 @@ from accelerate import Accelerator
 from learner.config import TrainConfig
 from learner.logprobs import TokenBatch, make_batch, selected_logprobs
 from learner.lora import attach_lora, frozen_copy, reference_view
-from learner.losses import clipped_pg_loss, dpo_loss
-from learner.samples import PreferencePair, Sample
+from learner.losses import clipped_pg_loss, dpo_loss, kto_loss, kto_reference_point
+from learner.samples import Judged, PreferencePair, Sample
+from learner.step_inputs import (
+    check_judged,
+    check_pairs,
+    check_samples,
+    flat_advantages,
+    flat_behaviour,
+    flat_proximal,
+    loss_mask,
+    micro_batches,
+)
 from learner.step_metrics import TOKEN_MEANS, add_corr_sums, pg_metrics
 
 log = logging.getLogger(__name__)
@@ -96,17 +106,17 @@ class PolicyTrainer:
 
     def step(self, samples: list[Sample], current_version: int | None = None) -> dict[str, float]:
         """One optimiser update over all samples (micro-batches + gradient accumulation); TRL-named metrics."""
-        _check_samples(samples)
+        check_samples(samples)
         start = time.perf_counter()
         local = self._shard(samples)
-        total = self._global_sum(sum(sum(_loss_mask(s)) for s in local))
+        total = self._global_sum(sum(sum(loss_mask(s)) for s in local))
         if total == 0:
             raise ValueError("no completion token has loss_mask 1: nothing to train on")
         normalizer = total / self.accelerator.num_processes  # DDP averages gradients over processes
         sums: dict[str, float] = defaultdict(float)
         self._model.train()
         try:
-            batches = _micro_batches(local, self.config.micro_batch_size)
+            batches = micro_batches(local, self.config.micro_batch_size)
             for i, chunk in enumerate(batches):
                 with self._sync_on(i == len(batches) - 1):
                     self._pg_micro_step(chunk, normalizer, sums)
@@ -119,7 +129,7 @@ class PolicyTrainer:
 
     def dpo_step(self, pairs: list[PreferencePair]) -> dict[str, float]:
         """One DPO update over all pairs (sequence-level log-prob sums, reference = start policy)."""
-        _check_pairs(pairs)
+        check_pairs(pairs)
         local = self._shard(pairs)
         count = self._global_sum(len(local)) / self.accelerator.num_processes
         per_chunk = max(1, self.config.micro_batch_size // 2)  # a pair is two sequences
@@ -145,6 +155,47 @@ class PolicyTrainer:
             "lr": self._lr(),
         }
 
+    def kto_step(self, examples: list[Judged]) -> dict[str, float]:
+        """One KTO update over judged answers (sequence-level sums, reference = start policy).
+
+        The reference point z0 pairs each answer's completion with the previous example's
+        prompt (TRL's mismatched pairs), measured once for the whole step without gradient.
+        """
+        check_judged(examples)
+        local = self._shard(examples)
+        count = self._global_sum(len(local)) / self.accelerator.num_processes
+        z0 = self._kto_reference_point(local)
+        chunks = [
+            local[i : i + self.config.micro_batch_size]
+            for i in range(0, len(local), self.config.micro_batch_size)
+        ]
+        sums: dict[str, float] = defaultdict(float)
+        self._model.train()
+        try:
+            for i, chunk in enumerate(chunks):
+                with self._sync_on(i == len(chunks) - 1):
+                    self._kto_micro_step(chunk, z0, count, sums)
+            grad_norm = self._optimiser_step()
+        finally:
+            self._model.eval()
+        s = self._reduce(sums)
+        good, bad = s.get("good", 0.0), s.get("bad", 0.0)
+        return {
+            "loss": s["loss"] / (good + bad),
+            "kl": float(z0),
+            "rewards/chosen": s["chosen"] / good if good else math.nan,
+            "rewards/rejected": s["rejected"] / bad if bad else math.nan,
+            "count/desirable": good,
+            "count/undesirable": bad,
+            "grad_norm": grad_norm,
+            "lr": self._lr(),
+        }
+
+    def frozen_view(self):
+        """(module, context): the start weights, untouched by this trainer (LoRA: the adapter
+        off; full: the frozen copy), e.g. to compute features that must not drift mid-round."""
+        return reference_view(self.model, self._frozen_ref)
+
     def save(self, directory: Path) -> None:
         """Write the adapter (adapter_config.json + adapter_model.safetensors) or the full weights,
         and AdamW's state (optimizer.pt; identical on every DDP process)."""
@@ -164,9 +215,9 @@ class PolicyTrainer:
             logp, entropy = selected_logprobs(
                 self._model, batch, with_entropy=True, entropy_grad=self.config.entropy_coef > 0
             )  # (N,), (N,)
-        proximal = _flat_proximal(chunk, logp)  # (N,)
-        behaviour, logged = _flat_behaviour(chunk, proximal)  # (N,), (N,) bool
-        advantages = _flat_advantages(chunk, logp)  # (N,)
+        proximal = flat_proximal(chunk, logp)  # (N,)
+        behaviour, logged = flat_behaviour(chunk, proximal)  # (N,), (N,) bool
+        advantages = flat_advantages(chunk, logp)  # (N,)
         out = clipped_pg_loss(
             logp,
             behaviour,
@@ -210,6 +261,44 @@ class PolicyTrainer:
         sums["margin"] += float(out.reward_margin) * k
         sums["accuracy"] += float(out.accuracy) * k
 
+    def _kto_micro_step(
+        self, chunk: list[Judged], z0: torch.Tensor, count: float, sums: dict[str, float]
+    ) -> None:
+        batch = self._batch([e.prompt_ids for e in chunk], [e.completion_ids for e in chunk])
+        ref = self._sequence_sums(batch, self._reference_logprobs(batch))  # (B,)
+        with self.accelerator.autocast():
+            logp, _ = selected_logprobs(self._model, batch)  # (N,)
+        policy = self._sequence_sums(batch, logp)  # (B,)
+        good = torch.tensor([e.desirable for e in chunk], device=policy.device)  # (B,)
+        weights = torch.tensor([e.weight for e in chunk], device=policy.device)  # (B,)
+        out = kto_loss(policy, ref, good, z0, beta=self.config.kto_beta, weights=weights)
+        self.accelerator.backward(out.losses.sum() / count)  # the answers' mean over the step
+        sums["loss"] += float(out.losses.detach().sum())
+        sums["good"] += float(good.sum())
+        sums["bad"] += float((~good).sum())
+        sums["chosen"] += float(out.rewards[good].sum())
+        sums["rejected"] += float(out.rewards[~good].sum())
+
+    def _kto_reference_point(self, examples: list[Judged]) -> torch.Tensor:
+        """z0 over the step: each completion after the previous example's prompt, policy vs ref."""
+        prompts = [e.prompt_ids for e in examples]
+        shifted = [examples[i - 1].completion_ids for i in range(len(examples))]
+        sums: dict[str, float] = defaultdict(float)
+        for i in range(0, len(prompts), self.config.micro_batch_size):
+            batch = self._batch(
+                prompts[i : i + self.config.micro_batch_size],
+                shifted[i : i + self.config.micro_batch_size],
+            )
+            with torch.no_grad(), self.accelerator.autocast():
+                logp, _ = selected_logprobs(self._model, batch)
+            ref = self._sequence_sums(batch, self._reference_logprobs(batch))  # (B,)
+            policy = self._sequence_sums(batch, logp)  # (B,)
+            sums["diff"] += float((policy - ref).sum())
+            sums["n"] += len(ref)
+        s = self._reduce(sums)
+        mean = torch.tensor(s["diff"] / s["n"], dtype=torch.float64)
+        return kto_reference_point(mean.view(1), torch.zeros(1, dtype=torch.float64))
+
     def _reference_logprobs(self, batch: TokenBatch) -> torch.Tensor:
         module, context = reference_view(self.model, self._frozen_ref)
         with torch.no_grad(), context, self.accelerator.autocast():
@@ -246,7 +335,7 @@ class PolicyTrainer:
             group.update(lr=self.config.learning_rate, weight_decay=self.config.weight_decay)
 
     def _batch(self, prompts, completions, samples: list[Sample] | None = None) -> TokenBatch:
-        masks = None if samples is None else [_loss_mask(s) for s in samples]
+        masks = None if samples is None else [loss_mask(s) for s in samples]
         b = make_batch(prompts, completions, self.pad_id, masks)
         device = self.accelerator.device
         return TokenBatch(
@@ -288,96 +377,6 @@ class PolicyTrainer:
         return float(self._optimizer.param_groups[0]["lr"])
 
 
-# -- sample helpers (pure) ---------------------------------------------------------------------
-
-
-def _loss_mask(s: Sample) -> list[int]:
-    return s.loss_mask if s.loss_mask is not None else [1] * len(s.completion_ids)
-
-
-def _micro_batches(samples: list[Sample], size: int) -> list[list[Sample]]:
-    """Chunks of similar length (longest first): little padding, and the memory peak comes first."""
-    ordered = sorted(samples, key=lambda s: len(s.prompt_ids) + len(s.completion_ids), reverse=True)
-    return [ordered[i : i + size] for i in range(0, len(ordered), size)]
-
-
-def _flat_proximal(chunk: list[Sample], logp: torch.Tensor) -> torch.Tensor:
-    """(N,) proximal logprobs of the trained tokens; a sample's first use stores `logp` on it.
-
-    Every micro-batch of a step sees the same weights, so at first use the ratio to the
-    proximal is exactly 1; a later step on the same Sample objects clips against it.
-    """
-    current = logp.detach().tolist()  # (N,) in chunk order: sum(loss_mask) tokens per sample
-    values: list[float] = []
-    start = 0
-    for s in chunk:
-        mask = _loss_mask(s)
-        if s.proximal_logprobs is None:
-            taken = iter(current[start : start + sum(mask)])
-            s.proximal_logprobs = [next(taken) if m else math.nan for m in mask]
-        values += [lp for lp, m in zip(s.proximal_logprobs, mask, strict=True) if m]
-        start += sum(mask)
-    return torch.tensor(values, dtype=logp.dtype, device=logp.device)
-
-
-def _flat_behaviour(
-    chunk: list[Sample], proximal: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """((N,) behaviour logprobs of the trained tokens, (N,) whether each was logged); missing -> proximal."""
-    values: list[float] = []
-    logged: list[bool] = []
-    for s in chunk:
-        mask = _loss_mask(s)
-        if s.behaviour_logprobs is None:
-            values += [0.0] * sum(mask)
-            logged += [False] * sum(mask)
-        else:
-            values += [lp for lp, m in zip(s.behaviour_logprobs, mask, strict=True) if m]
-            logged += [True] * sum(mask)
-    behaviour = torch.tensor(values, dtype=proximal.dtype, device=proximal.device)
-    is_logged = torch.tensor(logged, dtype=torch.bool, device=proximal.device)
-    return torch.where(is_logged, behaviour, proximal), is_logged
-
-
-def _flat_advantages(chunk: list[Sample], logp: torch.Tensor) -> torch.Tensor:
-    adv = torch.tensor([s.advantage for s in chunk], dtype=logp.dtype, device=logp.device)  # (B,)
-    counts = torch.tensor([sum(_loss_mask(s)) for s in chunk], device=logp.device)  # (B,)
-    return torch.repeat_interleave(adv, counts)  # (N,)
-
-
-def _check_samples(samples: list[Sample]) -> None:
-    if not samples:
-        raise ValueError("step() needs at least one sample")
-    for i, s in enumerate(samples):
-        where = f"sample {i}"
-        if not s.prompt_ids or not s.completion_ids:
-            raise ValueError(
-                f"{where}: prompt_ids and completion_ids must each hold at least one token"
-            )
-        if s.loss_mask is not None and (
-            len(s.loss_mask) != len(s.completion_ids) or set(s.loss_mask) - {0, 1}
-        ):
-            raise ValueError(f"{where}: loss_mask needs one 0/1 per completion token")
-        _check_logprobs(where, "behaviour", s.behaviour_logprobs, _loss_mask(s))
-        _check_logprobs(where, "proximal", s.proximal_logprobs, _loss_mask(s))
-        if not math.isfinite(s.advantage):
-            raise ValueError(f"{where}: advantage {s.advantage} is not finite")
-
-
-def _check_logprobs(where: str, kind: str, values: list[float] | None, mask: list[int]) -> None:
-    if values is None:
-        return
-    if len(values) != len(mask):
-        raise ValueError(
-            f"{where}: {len(values)} {kind} logprobs for {len(mask)} completion tokens"
-        )
-    if not all(math.isfinite(x) for x, m in zip(values, mask, strict=True) if m):
-        raise ValueError(
-            f"{where}: {kind} logprobs must be finite where loss_mask is 1 "
-            "(drop the sample or leave them None)"
-        )
-
-
 def _check_fits(optimizer: torch.optim.Optimizer, state: dict) -> None:
     """Raise ValueError unless a saved optimizer state holds moments shaped like these parameters.
 
@@ -392,13 +391,3 @@ def _check_fits(optimizer: torch.optim.Optimizer, state: dict) -> None:
         for name, value in state["state"].get(key, {}).items():
             if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape != p.shape:
                 raise ValueError(f"{name} {tuple(value.shape)} for a parameter {tuple(p.shape)}")
-
-
-def _check_pairs(pairs: list[PreferencePair]) -> None:
-    if not pairs:
-        raise ValueError("dpo_step() needs at least one preference pair")
-    for i, p in enumerate(pairs):
-        if not p.prompt_ids or not p.chosen_ids or not p.rejected_ids:
-            raise ValueError(
-                f"pair {i}: prompt, chosen and rejected ids must each hold at least one token"
-            )

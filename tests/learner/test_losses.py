@@ -7,7 +7,15 @@ import math
 import pytest
 import torch
 
-from learner.losses import clipped_pg_loss, dpo_loss, entropy_from_logits, kl_k3, masked_mean
+from learner.losses import (
+    clipped_pg_loss,
+    dpo_loss,
+    entropy_from_logits,
+    kl_k3,
+    kto_loss,
+    kto_reference_point,
+    masked_mean,
+)
 
 
 def test_masked_mean_over_all_and_per_row():
@@ -181,3 +189,75 @@ def test_dpo_gradient_raises_chosen_and_lowers_rejected():
     rejected = torch.tensor([-2.0], requires_grad=True)
     dpo_loss(chosen, rejected, torch.tensor([-2.0]), torch.tensor([-2.0])).loss.backward()
     assert chosen.grad.item() < 0 < rejected.grad.item()  # descent raises chosen, lowers rejected
+
+
+def _sequence_sums(model, ids, attention, completion_mask) -> torch.Tensor:
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=attention).logits[:, :-1]  # (B, T-1, V)
+    logp = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    return (logp * completion_mask[:, 1:]).sum(-1)  # (B,)
+
+
+def test_kto_loss_equals_trls_kto_trainer_on_the_same_batch(tmp_path):
+    """TRL 1.16's KTOTrainer computes the loss of its collated batch; ours on the same tensors."""
+    from datasets import Dataset
+    from trl import KTOConfig, KTOTrainer
+
+    from learner.policy.tiny_model import build_tiny_model
+
+    model, tok = build_tiny_model(seed=0)
+    ref, _ = build_tiny_model(seed=4)  # another start: non-zero log ratios and reference point
+    rows = [
+        ("What is 12 plus 30?", " The answer is 42.", True),
+        ("hello there", " sorry no", False),
+        ("What is 5 plus 3?", " 8", True),
+        ("hi", " good bad correct", False),
+    ]
+    data = Dataset.from_list([{"prompt": p, "completion": c, "label": g} for p, c, g in rows])
+    args = KTOConfig(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=4,
+        beta=0.3,
+        desirable_weight=1.0,
+        undesirable_weight=1.5,
+        bf16=False,
+        gradient_checkpointing=False,
+        use_cpu=True,
+        report_to=[],
+    )
+    trainer = KTOTrainer(
+        model=model, ref_model=ref, args=args, train_dataset=data, processing_class=tok
+    )
+    batch = next(iter(trainer.get_train_dataloader()))
+    trl_loss = trainer.compute_loss(trainer.model, batch)
+
+    def sums(m, prefix=""):
+        return _sequence_sums(
+            m,
+            batch[prefix + "input_ids"],
+            batch[prefix + "attention_mask"],
+            batch[prefix + "completion_mask"],
+        )
+
+    z0 = kto_reference_point(sums(model, "KL_"), sums(ref, "KL_"))
+    assert z0 > 0  # the precondition: the reference point is really exercised
+    good = batch["label"].bool()
+    ours = kto_loss(sums(model), sums(ref), good, z0, beta=0.3, weights=torch.where(good, 1.0, 1.5))
+    assert ours.loss.item() == pytest.approx(trl_loss.item(), abs=1e-6)
+
+
+def test_kto_loss_hand_values_and_direction():
+    # r = [1, -1], z0 = 0.5, beta = 1: desirable 1 - s(0.5) = 0.377541; undesirable 1 - s(1.5) = 0.182426
+    logp = torch.tensor([1.0, -1.0], requires_grad=True)
+    out = kto_loss(logp, torch.zeros(2), torch.tensor([True, False]), torch.tensor(0.5), beta=1.0)
+    s = lambda v: 1 / (1 + math.exp(-v))  # noqa: E731
+    assert out.losses.tolist() == pytest.approx([1 - s(0.5), 1 - s(1.5)], abs=1e-6)
+    out.loss.backward()
+    assert logp.grad[0] < 0 and logp.grad[1] > 0  # descent raises the good answer, lowers the bad
+    assert out.rewards.tolist() == pytest.approx([1.0, -1.0])
+
+
+def test_kto_reference_point_is_a_clamped_detached_mean():
+    assert kto_reference_point(torch.tensor([1.0, -3.0]), torch.zeros(2)).item() == 0.0
+    kl = kto_reference_point(torch.tensor([2.0, 1.0], requires_grad=True), torch.zeros(2))
+    assert kl.item() == 1.5 and not kl.requires_grad

@@ -6,6 +6,7 @@ from learner.rewards import batch_rewards
 from learner.samples import (
     build_training_data,
     group_key,
+    judged_only,
     sample_advantages,
 )
 from tests.learner.learner_events import (
@@ -137,3 +138,62 @@ def test_identical_first_prompts_share_a_group_key():
     c = trajectory(prompt="Something else")
     assert group_key(a) == group_key(b) != group_key(c)
     assert group_key(trajectory(group="task-7")) == "g:task-7"
+
+
+def test_a_lone_run_users_only_judged_goes_to_kto_and_a_group_stays_policy_gradient():
+    lone_up = trajectory("What is 1 plus 2?", "3")
+    lone_down = trajectory("What is 2 plus 2?", "5")
+    lone_neutral = trajectory("What is 3 plus 2?", "5")
+    corrected = trajectory("What is 4 plus 2?", "7")
+    grouped = [
+        trajectory("What is 9 plus 9?", a, user=f"g{i}") for i, a in enumerate("18 17".split())
+    ]
+    episodes = [
+        _ep(lone_up, feedback(lone_up.event_id, "thumbs", 1)),
+        _ep(lone_down, feedback(lone_down.event_id, "rating", 1)),
+        _ep(lone_neutral, feedback(lone_neutral.event_id, "rating", 3)),
+        _ep(
+            corrected,
+            feedback(corrected.event_id, "thumbs", -1),
+            feedback(corrected.event_id, "correction", None, text="6"),
+        ),
+        *(
+            _ep(t, feedback(t.event_id, "thumbs", 1 - 2 * i, user=f"g{i}"))
+            for i, t in enumerate(grouped)
+        ),
+    ]
+    data = _build(episodes, judged_only=judged_only)
+    assert [(j.completion_ids, j.desirable, j.weight) for j in data.judged] == [
+        (completion_ids("3"), True, 1.0),
+        (completion_ids("5"), False, 1.0),
+    ]
+    # the neutral rating trains nothing; the corrected run and the group stay policy gradient
+    assert sorted(s.completion_ids for s in data.samples) == sorted(
+        completion_ids(a) for a in ("7", "18", "17")
+    )
+    assert data.used == [0, 1, 3, 4, 5]
+    without = _build(episodes)  # the default predicate: no KTO at all
+    assert without.judged == [] and len(without.samples) == 6
+
+
+def test_a_capped_users_judgement_weighs_less_in_kto():
+    runs = [trajectory(f"What is {i} plus 1?", "x", user="loud") for i in range(4)]
+    runs.append(trajectory("What is 9 plus 1?", "10", user="quiet"))
+    episodes = [_ep(t, feedback(t.event_id, "thumbs", 1, user=t.user_id)) for t in runs]
+    rewards = batch_rewards([e.feedback for e in episodes], [[0]] * 5, 0.5, None)
+    tok = tokenizer()
+    data = build_training_data(
+        episodes,
+        rewards,
+        encode=lambda t: tok(t, add_special_tokens=False)["input_ids"],
+        eos_id=tok.eos_token_id,
+        judged_only=judged_only,
+    )
+    weights = [j.weight for j in data.judged]
+    assert weights[-1] == 1.0 and all(w == pytest.approx(0.25) for w in weights[:4])
+
+
+def test_a_single_judged_answer_stays_policy_gradient():
+    t = trajectory("What is 1 plus 2?", "3")
+    data = _build([_ep(t, feedback(t.event_id, "thumbs", 1))], judged_only=judged_only)
+    assert data.judged == [] and len(data.samples) == 1  # KTO needs two answers for its z0

@@ -14,7 +14,7 @@ from peft import PeftModel
 from learner.logprobs import completion_logprobs, make_batch, selected_logprobs, token_logprobs
 from learner.policy.models import apply_lora
 from learner.policy.tiny_model import build_tiny_model
-from learner.samples import PreferencePair, Sample
+from learner.samples import Judged, PreferencePair, Sample
 from learner.train_step import OPTIMIZER_FILE, PolicyTrainer, TrainConfig
 
 # peft asks transformers a deprecated question on every forward
@@ -371,3 +371,31 @@ def test_bad_input_is_refused_with_a_reason(tiny):
             TrainConfig(full_finetune=True),
             adapter_dir=".",
         )
+
+
+def test_a_kto_step_raises_desirable_answers_and_lowers_undesirable_ones(tiny):
+    model, tok = tiny
+    pad = tok.pad_token_id
+    trainer = PolicyTrainer(model, pad, TrainConfig(learning_rate=1e-2, kl_coef=0.0))
+    rows = [("What is 12 plus 30?", "The answer is 42.", True), ("hi", "sorry no", False)]
+    rows += [("What is 5 plus 3?", "8", True), ("hello", "good bad correct", False)]
+    judged = [Judged(_ids(tok, p), _ids(tok, c), good) for p, c, good in rows]
+    before = [_logp(trainer, j.prompt_ids, j.completion_ids, pad) for j in judged]
+    m = trainer.kto_step(judged)
+    after = [_logp(trainer, j.prompt_ids, j.completion_ids, pad) for j in judged]
+    for j, b, a in zip(judged, before, after, strict=True):
+        assert (a > b) if j.desirable else (a < b)
+    assert (m["count/desirable"], m["count/undesirable"]) == (2, 2)
+    assert m["kl"] == 0.0  # the first step: the policy is its reference, z0 = 0
+    assert m["rewards/chosen"] == 0.0 and m["grad_norm"] > 0
+    assert trainer.kto_step(judged)["kl"] >= 0.0
+
+
+def test_a_kto_step_refuses_what_it_cannot_use(tiny):
+    model, tok = tiny
+    trainer = PolicyTrainer(model, tok.pad_token_id, TrainConfig())
+    one = Judged(_ids(tok, "hi"), _ids(tok, "hello"), True)
+    with pytest.raises(ValueError, match="at least two"):
+        trainer.kto_step([one])
+    with pytest.raises(ValueError, match="weight"):
+        trainer.kto_step([one, dataclasses.replace(one, weight=math.nan)])
