@@ -62,13 +62,20 @@ class Settled:
     late: int = 0
 
 
-def settle(store: Store, now: float, window_s: float, silence_reward: float | None) -> Settled:
-    """Let go of silent episodes, orphan feedback past its window, and late feedback."""
-    silent = [
-        e.trajectory.event_id
-        for e in due_episodes(store, now, window_s, limit=100_000)
-        if readiness(e, now, window_s, silence_reward) is Readiness.SILENT
-    ]
+def settle(
+    store: Store,
+    now: float,
+    window_s: float,
+    silence_reward: float | None,
+    keep_silent: bool = False,
+) -> Settled:
+    """Let go of silent episodes (unless `keep_silent`: a reward model may score them), orphan
+    feedback past its window, and late feedback."""
+    silent = (
+        []
+        if keep_silent
+        else [e.trajectory.event_id for e in silent_episodes(store, now, window_s, silence_reward)]
+    )
     unknown, late = [], []
     for event_id, created_at, known in store.orphan_feedback():
         if known:
@@ -86,6 +93,14 @@ def due_episodes(store: Store, now: float, window_s: float, limit: int) -> list[
     trajectories = store.due_trajectories(now, window_s, limit)
     feedback = store.open_feedback_for([t.event_id for t in trajectories])
     return [Episode(t, tuple(feedback[t.event_id])) for t in trajectories]
+
+
+def silent_episodes(
+    store: Store, now: float, window_s: float, silence_reward: float | None, limit: int = 100_000
+) -> list[Episode]:
+    """Episodes whose window closed with no feedback and no silence reward, oldest first."""
+    due = due_episodes(store, now, window_s, limit)
+    return [e for e in due if readiness(e, now, window_s, silence_reward) is Readiness.SILENT]
 
 
 def trainable_episodes(

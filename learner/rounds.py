@@ -17,15 +17,17 @@ import torch
 from learner.advantages import RunningBaseline
 from learner.config import RoundConfig, TrainConfig
 from learner.crashpoints import crash_point
-from learner.episodes import Episode, settle, trainable_episodes
+from learner.episodes import SILENT, Episode, settle, silent_episodes, trainable_episodes
+from learner.judge import fit_judge, write_source_scores
 from learner.labels import Grounding, find_labels
 from learner.policy.models import checkpoint_path, load_base, load_checkpoint
 from learner.policy.registry import CHAMPION, PolicyRegistry, PolicyVersion, version_number
 from learner.publish import Published, publish_version
-from learner.rewards import batch_rewards, keep_turns
+from learner.rewards import EpisodeReward, batch_rewards, keep_turns
 from learner.samples import (
     TrainingData,
     build_training_data,
+    judged_only,
     reads_tool_output,
 )
 from learner.store import Store, even_chunks
@@ -89,19 +91,29 @@ def run_round(
     now = time.time() if now is None else now
     config = plan.round
     window, silence = config.feedback_window_s, config.silence_reward
-    settle(store, now, window, silence)
+    modelled = config.reward_model_heads > 0
+    scoring = modelled and silence is None  # silent runs wait for the reward model's score
+    settle(store, now, window, silence, keep_silent=scoring)
     episodes = trainable_episodes(store, now, window, silence, config.max_episodes)
+    silent = silent_episodes(store, now, window, silence, config.max_episodes) if scoring else []
     if not episodes:
+        _let_go(store, silent, SILENT)
         return None
-    episodes = sorted(episodes, key=content_key)  # the same batches whatever the arrival order
     parent = registry.get(registry.resolve(CHAMPION))
     model, tokenizer, adapter_dir = load_parent(parent, plan)
+    pad, seed = tokenizer.pad_token_id, plan.train.seed
+    judge = fit_judge(store, model, pad, config, seed) if modelled else None
+    scored = judge.score_runs([e.trajectory for e in silent]) if judge and judge.used else {}
+    _let_go(store, [e for e in silent if e.trajectory.event_id not in scored], SILENT)
+    episodes += [e for e in silent if e.trajectory.event_id in scored]
+    episodes = sorted(episodes, key=content_key)  # the same batches whatever the arrival order
     replays = _replays(episodes, tokenizer, plan)
     rest = [n for n in range(len(episodes)) if n not in replays.episodes]
-    data = _training_data(store, [episodes[n] for n in rest], tokenizer, config, plan.grounding)
+    rest_episodes = [episodes[n] for n in rest]
+    data = _training_data(store, rest_episodes, tokenizer, config, plan.grounding, scored)
     used = {rest[n] for n in data.used} | replays.episodes
     unusable = [i for n, e in enumerate(episodes) if n not in used for i in e.event_ids]
-    if not data.samples and not data.pairs and not replays.starts:
+    if not data.samples and not data.pairs and not data.judged and not replays.starts:
         store.settle(unusable, UNTRAINABLE)
         return None
     trainer = PolicyTrainer(
@@ -114,6 +126,7 @@ def run_round(
     current = version_number(parent.version)
     stop = _stopper(should_stop)
     pg = [trainer.step(c, current_version=current) for c in _epochs(data.samples, config, stop)]
+    kto = [trainer.kto_step(c) for c in _epochs(data.judged, config, stop)]
     sub = run_subrounds(
         trainer,
         tokenizer,
@@ -124,19 +137,24 @@ def run_round(
         seed=plan.train.seed * 7919 + (current or 0),
         current_version=current,
         check_stop=stop,
+        judge=judge.verdicts(trainer) if judge and judge.report else None,
     )
     pairs = data.pairs + sub.pairs
     dpo = [trainer.dpo_step(c) for c in _epochs(pairs, config, stop)]
-    if not pg and not sub.updates and not dpo:  # every group tied: nothing to learn from them
+    if not pg and not kto and not sub.updates and not dpo:  # every group tied: nothing to learn
         store.settle([i for e in episodes for i in e.event_ids], UNTRAINABLE)
         return None
-    metrics = _round_metrics(pg + sub.updates, dpo, data, sub)
+    metrics = _round_metrics(pg + sub.updates, dpo, kto, data, sub)
+    if judge is not None:
+        metrics.update(judge.metrics(len(scored)))
     crash_point("during_train")
     trained = [i for n in sorted(used) for i in episodes[n].event_ids]
 
     def save(directory: Path) -> None:
         trainer.save(directory)
         tokenizer.save_pretrained(directory)
+        if scored and sub.judged:  # its scores trained: the gate weighs its disagreement
+            write_source_scores(directory, sub.judged)
 
     published = publish_version(
         store,
@@ -230,13 +248,20 @@ def _training_data(
     tokenizer: Any,
     config: RoundConfig,
     grounding: Mapping[str, Grounding],
+    scored: Mapping[str, float],
 ) -> TrainingData:
+    """Samples, pairs and judged answers from the episodes' feedback; a silent run the reward
+    model scored (`scored`, by trajectory id) gets that score on every turn."""
     rewards = batch_rewards(
         [e.feedback for e in episodes],
         [[s.index for s in e.trajectory.model_steps] for e in episodes],
         config.max_user_reward_share,
         config.silence_reward,
     )
+    rewards = [
+        model_reward(e, scored[e.trajectory.event_id]) if e.trajectory.event_id in scored else r
+        for r, e in zip(rewards, episodes, strict=True)
+    ]
     if not config.train_after_tool:
         rewards = [keep_turns(r, credited_turns(e)) for r, e in zip(rewards, episodes, strict=True)]
     return build_training_data(
@@ -249,7 +274,18 @@ def _training_data(
         normalise_rewards=config.normalise_rewards,
         # with a grounding, a correction is a label: a pair only beside a verified run
         text_pairs=lambda e: e.trajectory.agent not in grounding or config.subrounds == 0,
+        judged_only=judged_only if config.kto_judgements else lambda episode: False,
     )
+
+
+def model_reward(episode: Episode, score: float) -> EpisodeReward:
+    """A silent run's reward from the reward model's pessimistic score, on every model turn."""
+    return EpisodeReward(score, {s.index: score for s in episode.trajectory.model_steps})
+
+
+def _let_go(store: Store, episodes: Sequence[Episode], reason: str) -> None:
+    if episodes:
+        store.settle([i for e in episodes for i in e.event_ids], reason)
 
 
 def credited_turns(episode: Episode) -> set[int]:
@@ -283,18 +319,21 @@ def _epochs(items: list, config: RoundConfig, stop: Callable[[], None]):
 def _round_metrics(
     pg: list[dict[str, float]],
     dpo: list[dict[str, float]],
+    kto: list[dict[str, float]],
     data: TrainingData,
     sub: SubroundResult,
 ) -> dict[str, float]:
     """The updates' mean metrics, what each reward source gave, and the sub-rounds' figures."""
     metrics = _mean_metrics(pg)
     metrics.update({f"dpo/{k}": v for k, v in _mean_metrics(dpo).items()})
+    metrics.update({f"kto/{k}": v for k, v in _mean_metrics(kto).items()})
     metrics.update(
         skipped_steps=float(data.skipped_steps),
-        updates=float(len(pg) + len(dpo)),
+        updates=float(len(pg) + len(dpo) + len(kto)),
         skipped_corrections=float(data.skipped_corrections),
     )
     metrics["reward_sources/feedback"] = float(len(data.samples))
+    metrics["reward_sources/kto_judged"] = float(len(data.judged))
     metrics["reward_sources/correction_pairs"] = float(len(data.pairs))
     metrics.update(sub.metrics)
     return {k: v for k, v in metrics.items() if math.isfinite(v)}  # NaN: undefined this round

@@ -51,6 +51,8 @@ class SubroundResult:
     updates: list[dict[str, float]] = field(default_factory=list)
     metrics: dict[str, float] = field(default_factory=dict)
     samples: int = 0
+    judged: list[tuple[float, float]] = field(default_factory=list)
+    """(verifier, reward model) verdicts, ±1 each, on the first sub-round's resampled runs."""
 
 
 @dataclass(frozen=True)
@@ -104,8 +106,13 @@ def run_subrounds(
     seed: int,
     current_version: int | None,
     check_stop: Callable[[], None],
+    judge: Callable[[list[list[int]], list[list[int]]], list[float]] | None = None,
 ) -> SubroundResult:
-    """`config.subrounds` verified updates on the labelled prompts (see the module's steps)."""
+    """`config.subrounds` verified updates on the labelled prompts (see the module's steps).
+
+    `judge` (the round's reward model) scores the first sub-round's runs too, before any of
+    its updates: how often it disagrees with the verifier is measured where both can judge.
+    """
     out = SubroundResult()
     starts, members = replays.starts, replays.members
     out.metrics.update({"labels": float(replays.labels), "labels/replayed": float(len(starts))})
@@ -136,6 +143,11 @@ def run_subrounds(
         ]
         verified += len(rows)
         solved.append(_mean([r for _, r, _ in rows]))
+        if s == 0 and judge is not None:
+            out.judged = _judge_runs(judge, [run for choices in runs for run in choices])
+            disagree = _mean([abs(v - r) / 2 for v, r in out.judged])
+            out.metrics["reward_model/verifier_disagreement"] = disagree
+            out.metrics["reward_model/verifier_runs"] = float(len(out.judged))
         if s == 0:
             served = [
                 (start.key, float(_says(episodes[i], start)), _served_rows(episodes[i], config))
@@ -167,6 +179,22 @@ def run_subrounds(
         }
     )
     return out
+
+
+def _judge_runs(
+    judge: Callable[[list[list[int]], list[list[int]]], list[float]], runs: Sequence[Replay]
+) -> list[tuple[float, float]]:
+    """(verifier, reward model) verdicts, ±1 each, on each run's final turn."""
+    runs = [r for r in runs if r.turns and r.turns[-1].completion_ids]
+    if not runs:
+        return []
+    scores = judge(
+        [r.turns[-1].prompt_ids for r in runs], [r.turns[-1].completion_ids for r in runs]
+    )
+    return [
+        (1.0 if r.solved else -1.0, 1.0 if score > 0 else -1.0)
+        for r, score in zip(runs, scores, strict=True)
+    ]
 
 
 def _first_step(episode: Episode) -> ModelStep | None:

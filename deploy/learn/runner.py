@@ -96,7 +96,22 @@ def summary_line(r: RoundResult) -> str:
         f"  reward {_f(r.reward_mean)}  kl {_f(m.get('kl', math.nan), 4)}"
         f"  loss {_f(m.get('loss', m.get('dpo/loss', math.nan)), 4)}  {r.seconds:.1f}s  {where}"
         + _subround_part(m)
+        + _judge_part(m)
     )
+
+
+def _judge_part(m: dict[str, float]) -> str:
+    """KTO answers and the reward model: its held-out AUROC, and whether its scores trained."""
+    out = (
+        f"  kto {m['reward_sources/kto_judged']:.0f}" if m.get("reward_sources/kto_judged") else ""
+    )
+    if "reward_model/train_runs" in m:
+        used = f"scored {m['reward_sources/reward_model']:.0f} silent runs"
+        auroc = m.get("reward_model/auroc", math.nan)  # NaN (dropped): no held-out class pair
+        out += f"  reward model AUROC {'n/a' if math.isnan(auroc) else f'{auroc:.2f}'} " + (
+            f"({used})" if m.get("reward_model/used") else "(below the bar: not used)"
+        )
+    return out
 
 
 def _subround_part(m: dict[str, float]) -> str:

@@ -21,8 +21,9 @@ from agents.events import TrajectoryEvent
 from learner.gate.evidence import importance_gain, log_ratios, logged_runs, off_policy_estimate
 from learner.gate.guards import GuardEvidence
 from learner.gate.ope import OPEEstimate
+from learner.judge import read_source_scores
 from learner.logprobs import completion_log_softmax, make_batch, selected_logprobs
-from learner.policy.models import load_version
+from learner.policy.models import checkpoint_path, load_version
 from learner.policy.registry import BASE_VERSION, PolicyRegistry
 from learner.store import Store, chunks
 
@@ -145,7 +146,10 @@ def gather(
         train_rewards=[r.reward for r in rewarded],
         train_lengths=[r.answer_tokens for r in rewarded],
         train_gain=gain,
-        source_scores={r.trajectory_id: r.sources for r in trained if r.sources},
+        source_scores={
+            **{r.trajectory_id: r.sources for r in trained if r.sources},
+            **_round_source_scores(record),
+        },
     )
     training = {
         "trained_runs": len(trained),
@@ -155,3 +159,11 @@ def gather(
         "reward_sources": sorted({k for r in trained for k in r.sources}),
     }
     return evidence, ope, training
+
+
+def _round_source_scores(record: Any) -> dict[str, dict[str, float]]:
+    """Verdicts the version's round wrote beside its checkpoint: its reward model against the
+    verifier on the verified replays (`learner.judge`); {} for v0 or a round without one."""
+    if not record.checkpoint_uri or record.checkpoint_kind == "base":
+        return {}
+    return read_source_scores(checkpoint_path(record.checkpoint_uri))

@@ -1,11 +1,13 @@
 """Learner-side end to end: events in Redis as the agent API writes them -> a round -> a version."""
 
 import json
+import time
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
+from learner.episodes import SILENT
 from learner.logprobs import completion_logprobs
 from learner.policy.models import checkpoint_path, load_base, load_version
 from learner.policy.registry import CHAMPION, VersionStatus
@@ -45,8 +47,8 @@ def _logged_runs(n=6):
     return events
 
 
-def _mean_logprob(model, answer: str) -> float:
-    return float(completion_logprobs(model, prompt_ids(PROMPT), completion_ids(answer), 0).mean())
+def _mean_logprob(model, answer: str, prompt: str = PROMPT) -> float:
+    return float(completion_logprobs(model, prompt_ids(prompt), completion_ids(answer), 0).mean())
 
 
 def test_a_round_publishes_a_loadable_version_that_moved_the_right_way(
@@ -160,7 +162,8 @@ def test_feedback_naming_a_turn_after_a_tool_still_trains_it(
         store,
         [t, feedback(t.event_id, "thumbs", -1, turn=2), feedback(t.event_id, "thumbs", 1)],
     )
-    result = run_round(store, registry, tiny_round_plan(tmp_path, train_after_tool=False))
+    plan = tiny_round_plan(tmp_path, train_after_tool=False, kto_judgements=False)
+    result = run_round(store, registry, plan)  # a lone judged run: policy gradient when asked
     assert result.samples == 2
 
 
@@ -189,3 +192,77 @@ def test_a_round_trains_the_same_whatever_order_its_runs_finished_in(redis_clien
         adapters.append(load_file(folder / "adapter_model.safetensors"))
     a, b = adapters
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def _judged_and_silent(judged=24, silent=4):
+    """Runs of many prompts: good answers thumbed up, bad ones down; and runs nobody judged."""
+    events, quiet = [], []
+    for i in range(judged):
+        good = i % 2 == 0
+        t = trajectory(f"What is {i} plus 30?", GOOD if good else BAD, user=f"u{i}", logprobs=True)
+        events += [t, feedback(t.event_id, "thumbs", 1 if good else -1, user=f"u{i}")]
+    for i in range(silent):
+        quiet.append(trajectory(f"What is {100 + i} plus 1?", GOOD if i % 2 == 0 else BAD))
+    return events, quiet
+
+
+def test_silent_runs_train_on_the_reward_models_score_once_it_ranks_held_out_runs(
+    redis_client, store, registry, tmp_path
+):
+    events, quiet = _judged_and_silent()
+    _ingest(redis_client, store, events + quiet)
+    plan = tiny_round_plan(tmp_path, reward_model_min_runs=16, kto_judgements=False)
+    result = run_round(store, registry, plan, now=time.time() + 601)  # every window closed
+    m = result.metrics
+    assert m["reward_model/used"] == 1.0, m  # the precondition: good and bad answers separate
+    assert m["reward_model/auroc"] >= 0.9
+    assert m["reward_sources/reward_model"] == len(quiet)
+    assert {t.event_id for t in quiet} <= set(store.ledger())  # trained on, in the ledger
+    assert result.samples == len(events) // 2 + len(quiet)
+
+
+def test_without_a_usable_reward_model_silent_runs_are_let_go_as_before(
+    redis_client, store, registry, tmp_path
+):
+    events, quiet = _judged_and_silent(judged=6)
+    _ingest(redis_client, store, events + quiet)
+    plan = tiny_round_plan(tmp_path, reward_model_min_runs=16)
+    result = run_round(store, registry, plan, now=time.time() + 601)
+    assert "reward_model/auroc" not in result.metrics  # 6 judged runs: no fit
+    assert result.metrics["reward_model/used"] == 0.0
+    assert not {t.event_id for t in quiet} & set(store.ledger())
+    assert store.counts()["trajectories/" + SILENT] == len(quiet)
+
+
+def test_lone_answers_judged_only_by_thumbs_and_ratings_train_by_kto(
+    redis_client, store, registry, tmp_path
+):
+    runs = [(f"What is {i} plus 30?", GOOD if i % 2 == 0 else BAD) for i in range(6)]
+    events = []
+    for i, (prompt, answer) in enumerate(runs):  # each prompt once: no group to compare with
+        t = trajectory(prompt, answer, user=f"u{i}", logprobs=True)
+        judgement = (
+            ("thumbs", 1 if answer == GOOD else -1)
+            if i < 4
+            else ("rating", 5 if answer == GOOD else 1)
+        )
+        events += [t, feedback(t.event_id, *judgement, user=f"u{i}")]
+    _ingest(redis_client, store, events)
+    result = run_round(store, registry, tiny_round_plan(tmp_path, kto_judgements=True))
+    m = result.metrics
+    assert (result.samples, m["reward_sources/kto_judged"]) == (0, 6)
+    assert (m["kto/count/desirable"], m["kto/count/undesirable"]) == (3, 3)
+    assert set(store.ledger()) == {e.event_id for e in events}
+    trained, _ = load_version(registry.get(result.version), cache_dir=MODEL_CACHE)
+    base, _ = load_base("tiny", cache_dir=MODEL_CACHE)
+    for prompt, answer in runs:
+        moved = _mean_logprob(trained, answer, prompt) - _mean_logprob(base, answer, prompt)
+        assert moved > 0 if answer == GOOD else moved < 0, (prompt, answer, moved)
+
+
+def test_a_group_of_judged_answers_still_trains_group_relative(
+    redis_client, store, registry, tmp_path
+):
+    _ingest(redis_client, store, _logged_runs())  # one prompt, six runs: a GRPO group
+    result = run_round(store, registry, tiny_round_plan(tmp_path, kto_judgements=True))
+    assert (result.samples, result.metrics["reward_sources/kto_judged"]) == (6, 0)

@@ -128,3 +128,38 @@ def test_a_round_whose_groups_all_tie_makes_no_update():
     )
     assert result.metrics["subround/solved_first"] == 1.0
     assert result.updates == []  # every run right: no advantage, no step
+
+
+@pytest.mark.parametrize("lies, disagreement", [(False, 0.0), (True, 1.0)])
+def test_the_reward_model_is_checked_against_the_verifier_before_any_update(lies, disagreement):
+    model, tok = _mixed_model()
+    episodes = _served()
+    labels = find_labels(episodes, TUTOR, max_user_share=1.0)
+    replays = plan_replays(episodes, labels, TUTOR, CONFIG, tok)
+    trainer = PolicyTrainer(model, tok.pad_token_id, TrainConfig(kl_coef=0.0))
+    right = completion_ids(RIGHT)
+    seen: list[int] = []
+
+    def judge(prompts, completions):  # a scripted reward model: right or exactly wrong
+        seen.append(len(trainer_steps))
+        return [(1.0 if c == right else -1.0) * (-1 if lies else 1) for c in completions]
+
+    trainer_steps: list = []
+    step = trainer.step
+    trainer.step = lambda *a, **k: trainer_steps.append(1) or step(*a, **k)
+    result = run_subrounds(
+        trainer,
+        tok,
+        episodes,
+        replays,
+        RoundConfig(subrounds=2, resample_n=4),
+        Sampling(temperature=1.0, max_tokens=8),
+        seed=0,
+        current_version=0,
+        check_stop=lambda: None,
+        judge=judge,
+    )
+    assert seen == [0]  # once, on the first sub-round's runs, before its updates
+    assert len(result.judged) == 2 * 4
+    assert result.metrics["reward_model/verifier_disagreement"] == disagreement
+    assert trainer_steps  # the sub-rounds still trained
