@@ -17,6 +17,7 @@ STREAM_TRAJECTORIES = "arloop:trajectories"
 STREAM_FEEDBACK = "arloop:feedback"
 STREAM_DEAD = "arloop:dead"
 STREAM_EVAL_TRAJECTORIES = "arloop:eval:trajectories"  # gate eval runs: audited, never trained on
+EVAL_CACHE_PREFIX = "arloop:eval:cache:"  # + version: its eval outcomes by form, task, seed
 STREAM_POLICY = "arloop:policy:events"
 POLICY_PREFIX = "arloop:policy"
 POLICY_ALIASES = "arloop:policy:aliases"  # hash: alias -> version

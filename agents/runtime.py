@@ -21,7 +21,7 @@ from agents.memory import LongTermMemory
 from agents.policy_client import PolicyClient, PolicyConfig
 from agents.react import build_react, run_input
 from agents.reflexion import build_reflexion, reflexion_input
-from agents.run_context import RunContext
+from agents.run_context import RunContext, to_openai
 from agents.threads import ThreadLease, Threads
 from agents.trajectory_sink import Scrub, TrajectorySink
 from tools.base import Tool
@@ -165,19 +165,21 @@ class AgentRuntime:
         metadata: dict[str, str] | None = None,
         arm: str | None = None,
         trajectory_id: str | None = None,
+        policy: PolicyClient | None = None,
     ) -> TrajectoryEvent:
         """Run `agent` on the thread, sink the trajectory, return it (unscrubbed).
 
         `arm` pins the policy for this run (`v3`, `candidate`) instead of the thread's arm:
         eval runs compare versions this way. `trajectory_id` is minted when not given (the
-        agent API mints it first, so the run's log lines carry it).
+        agent API mints it first, so the run's log lines carry it). `policy` calls the model
+        for this run only (the eval gate's per-run sampling seed).
         """
         self.spec(agent)
         entry = self.agents[agent]
         if entry.spec.input_filter is not None:  # CPU-bound (presidio): off the event loop
             text = await asyncio.to_thread(entry.spec.input_filter, text)
         lease = await self.threads.open(thread_id or new_id("th"), user_id, agent)
-        ctx = self._context(entry, user_id, arm or lease.arm)
+        ctx = self._context(entry, user_id, arm or lease.arm, policy or self.policy)
         started, start = time.time(), entry.start(text)
         config = self._config(entry, lease)
         try:
@@ -195,10 +197,22 @@ class AgentRuntime:
         await asyncio.gather(self.sink.write(event), self._release(lease))
         return event
 
-    def _context(self, entry: _Agent, user_id: str, arm: str) -> RunContext:
+    async def first_call(
+        self, agent: str, text: str, *, arm: str, policy: PolicyClient | None = None
+    ) -> ModelStep:
+        """The agent's first model call of a fresh run, alone: no thread, no tool run, no
+        memory (what an eval run's first turn sends), for a pack's cheap first-turn check."""
+        entry = self.agents[self.spec(agent).name]
+        if entry.spec.input_filter is not None:
+            text = await asyncio.to_thread(entry.spec.input_filter, text)
+        start = entry.start(text)["messages"]
+        wire = to_openai(start, entry.spec.system_prompt, list(entry.spec.examples))
+        return await (policy or self.policy).complete(wire, entry.tools.specs(), arm=arm)
+
+    def _context(self, entry: _Agent, user_id: str, arm: str, policy: PolicyClient) -> RunContext:
         spec = entry.spec
         return RunContext(
-            policy=self.policy,
+            policy=policy,
             tools=entry.tools,
             system_prompt=spec.system_prompt,
             user_id=user_id,

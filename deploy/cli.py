@@ -153,7 +153,10 @@ def demo(
     ),
     group: int = typer.Option(4, "--group", min=1, help="Students per problem (a GRPO group)."),
     eval_size: int = typer.Option(
-        40, "--eval-size", min=1, help="Held-out problems the gate evaluates every version on."
+        480,
+        "--eval-size",
+        min=1,
+        help="Held-out problems the gate draws from (it runs up to 120 of them, in looks).",
     ),
     model: str = typer.Option(
         "smollm2",

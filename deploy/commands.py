@@ -125,6 +125,7 @@ def run_eval(
     as_json: bool,
 ) -> int:
     """Gate `version` (default: the newest) against `against`; print the report."""
+    from deploy.learn.release_control import GateLines
     from deploy.learn.suite_runner import SuiteMissing, gate_runner
     from learner.gate.eval_gate import ERROR, PASS
     from learner.gate.release import apply_verdict
@@ -134,7 +135,10 @@ def run_eval(
     store_path = settings.data_dir / "learner" / "store.db"
     store = Store(store_path) if store_path.exists() else None
     try:
-        gate = gate_runner(settings, url, registry, store)
+        lines = GateLines(Console(stderr=True) if as_json else console)  # JSON stays clean
+        gate = gate_runner(
+            settings, url, registry, store, progress=lines.progress, looked=lines.looked
+        )
         target = version or registry.versions()[-1].version
         report = gate.evaluate(target, against)
     except (SuiteMissing, UnknownVersion) as exc:

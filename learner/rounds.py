@@ -85,8 +85,10 @@ def run_round(
     *,
     now: float | None = None,
     should_stop: Callable[[], bool] = lambda: False,
+    say: Callable[[str], None] = lambda line: None,
 ) -> RoundResult | None:
-    """Train on what is trainable now and publish a version; None when there is nothing."""
+    """Train on what is trainable now and publish a version; None when there is nothing.
+    `say` gets a line at each phase and update (the learner's progress display)."""
     start = time.monotonic()
     now = time.time() if now is None else now
     config = plan.round
@@ -102,6 +104,8 @@ def run_round(
     parent = registry.get(registry.resolve(CHAMPION))
     model, tokenizer, adapter_dir = load_parent(parent, plan)
     pad, seed = tokenizer.pad_token_id, plan.train.seed
+    if modelled:
+        say(f"round: fitting the reward model on up to {config.reward_model_heads} heads")
     judge = fit_judge(store, model, pad, config, seed) if modelled else None
     scored = judge.score_runs([e.trajectory for e in silent]) if judge and judge.used else {}
     _let_go(store, [e for e in silent if e.trajectory.event_id not in scored], SILENT)
@@ -125,8 +129,11 @@ def run_round(
     )
     current = version_number(parent.version)
     stop = _stopper(should_stop)
-    pg = [trainer.step(c, current_version=current) for c in _epochs(data.samples, config, stop)]
-    kto = [trainer.kto_step(c) for c in _epochs(data.judged, config, stop)]
+    pg = [
+        trainer.step(c, current_version=current)
+        for c in _epochs(data.samples, config, stop, say, "policy-gradient")
+    ]
+    kto = [trainer.kto_step(c) for c in _epochs(data.judged, config, stop, say, "KTO")]
     sub = run_subrounds(
         trainer,
         tokenizer,
@@ -138,9 +145,10 @@ def run_round(
         current_version=current,
         check_stop=stop,
         judge=judge.verdicts(trainer) if judge and judge.report else None,
+        say=say,
     )
     pairs = data.pairs + sub.pairs
-    dpo = [trainer.dpo_step(c) for c in _epochs(pairs, config, stop)]
+    dpo = [trainer.dpo_step(c) for c in _epochs(pairs, config, stop, say, "DPO")]
     if not pg and not kto and not sub.updates and not dpo:  # every group tied: nothing to learn
         store.settle([i for e in episodes for i in e.event_ids], UNTRAINABLE)
         return None
@@ -308,11 +316,20 @@ def _stopper(should_stop: Callable[[], bool]) -> Callable[[], None]:
     return check
 
 
-def _epochs(items: list, config: RoundConfig, stop: Callable[[], None]):
+def _epochs(
+    items: list,
+    config: RoundConfig,
+    stop: Callable[[], None],
+    say: Callable[[str], None] = lambda line: None,
+    what: str = "",
+):
     """`epochs` passes over `items` in equal-size steps of about `batch_size` each."""
-    for _ in range(config.epochs):
-        for chunk in even_chunks(items, config.batch_size):
+    chunks = even_chunks(items, config.batch_size)
+    total = config.epochs * len(chunks)
+    for epoch in range(config.epochs):
+        for n, chunk in enumerate(chunks, 1):
             stop()
+            say(f"round: {what} update {epoch * len(chunks) + n}/{total} ({len(chunk)} samples)")
             yield chunk
 
 

@@ -107,6 +107,7 @@ def run_subrounds(
     current_version: int | None,
     check_stop: Callable[[], None],
     judge: Callable[[list[list[int]], list[list[int]]], list[float]] | None = None,
+    say: Callable[[str], None] = lambda line: None,
 ) -> SubroundResult:
     """`config.subrounds` verified updates on the labelled prompts (see the module's steps).
 
@@ -124,6 +125,10 @@ def run_subrounds(
     solved, generation_s, update_s, verified = [], 0.0, 0.0, 0
     for s in range(config.subrounds):
         check_stop()
+        n = f"sub-round {s + 1}/{config.subrounds}"
+        say(
+            f"{n}: resampling {len(starts)} labelled prompts x {config.resample_n} through the tools"
+        )
         t = time.perf_counter()
         runs = replay(
             trainer.model,
@@ -159,6 +164,7 @@ def run_subrounds(
         samples = _samples(rows)
         t = time.perf_counter()
         if any(x.advantage != 0.0 for x in samples):
+            say(f"{n}: solved {solved[-1]:.0%}; updating on {len(samples)} samples")
             for chunk in even_chunks(samples, config.batch_size):
                 check_stop()
                 out.updates.append(trainer.step(chunk, current_version=current_version))

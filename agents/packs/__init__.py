@@ -43,7 +43,9 @@ HOW_TO_NAME = (
 )
 
 
-def get_pack(ref: str, *, tutoring_source: str = "templates", tutoring_eval_size: int = 60) -> Pack:
+def get_pack(
+    ref: str, *, tutoring_source: str = "templates", tutoring_eval_size: int = 480
+) -> Pack:
     """The pack `ref` names: a built-in name or `module:attr`; PackNotFound saying why not.
 
     `tutoring_source` and `tutoring_eval_size` shape the built-in tutoring pack's problems

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
+from agents.events import ModelStep
 from agents.runtime import AgentSpec
 
 Split = Literal["train", "eval"]
@@ -32,7 +33,8 @@ class Pack:
     name: str
     agents: tuple[AgentSpec, ...]
     tasks: Callable[[Split], list[Task]]
-    """`tasks("train")` for simulated users, `tasks("eval")` the held-out suite, disjoint."""
+    """`tasks("train")` for simulated users, `tasks("eval")` the held-out pool (disjoint from
+    training; the eval gate draws from it, stratified by `Task.meta["kind"]`)."""
     verify: Callable[[Task, str], float]
     """Score a final answer for a task in [0, 1] (1 = solved)."""
     answer_of: Callable[[str], str | None] | None = None
@@ -43,3 +45,7 @@ class Pack:
     reference_from: Callable[[str], str | None] | None = None
     """The answer a user's correction states (`it's 30`, `this was urgent`), normalised as
     `answer_of`'s; None: the correction's text is read with `answer_of`."""
+    first_turn: Callable[[Task, ModelStep], float] | None = None
+    """Score an agent's first model call alone in [0, 1] (the tutor: does its calculator call
+    compute the answer): the cheap form of an eval run that the gate's sampled test uses,
+    checked against full runs in every gate report. None: the gate runs whole episodes."""

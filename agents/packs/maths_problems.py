@@ -99,10 +99,11 @@ def template_problem(rng: random.Random, kind: str | None = None) -> Problem:
 
 
 def template_eval(n: int, seed: int = EVAL_SEED) -> list[Problem]:
-    """The held-out template problems: the first `n` of a seeded draw, no number pair twice."""
+    """The held-out template problems: the first `n` of a seeded draw, the kinds in turn (so
+    any prefix is balanced), no number pair twice."""
     rng, out, seen = random.Random(seed), [], set()
     while len(out) < n:
-        p = template_problem(rng)
+        p = template_problem(rng, KINDS[len(out) % len(KINDS)])
         if p.id not in seen:
             seen.add(p.id)
             out.append(p)

@@ -7,24 +7,31 @@ copies that pattern, where a description alone rarely gets it to call a tool. `t
 guides instead of telling: one hint or question, never the answer.
 
 Problems: `templates` (one-step word problems; the demo's default), `gsm8k` (a 400-problem
-subset of GSM8K, mostly beyond a 135M model), or `mixed`. The held-out eval split never
-reaches training. `tutoring_pack(source, eval_size)` builds the pack; the learner passes its
-settings' ARLOOP_TUTORING_SOURCE and ARLOOP_TUTORING_EVAL_SIZE (so `arloop demo` sizes the
-gate's suite).
+subset of GSM8K, mostly beyond a 135M model), or `mixed`. The held-out eval pool (480 by
+default, the kinds in turn) never reaches training; the gate draws from it. `tutoring_pack(
+source, eval_size)` builds the pack; the learner passes its settings' ARLOOP_TUTORING_SOURCE
+and ARLOOP_TUTORING_EVAL_SIZE. `first_turn` scores the tutor's first call alone: the gate's
+cheap sampled form of an eval run.
 """
 
 from __future__ import annotations
 
+import json
+
+from agents.events import ModelStep
 from agents.packs.base import Pack, Split, Task
 from agents.packs.common import scrub_input
 from agents.packs.maths_problems import Problem, gsm8k, template_eval, template_train
 from agents.runtime import AgentSpec
-from tools.calculator import Calculator
-from tools.verifiers import final_number, mentioned_number, verify_gsm8k
+from tools.base import ToolError
+from tools.calculator import Calculator, calculate
+from tools.verifiers import final_number, mentioned_number, same_number, verify_gsm8k
 
 SOURCES = ("templates", "gsm8k", "mixed")
 TRAIN_SEED = 1000
 TRAIN_SIZE = 2000
+EVAL_POOL = 480
+"""Held-out problems by default (120 of each template kind): the gate draws from them."""
 
 SYSTEM = (
     "You are a maths tutor. Solve the student's problem. Use the calculator tool for "
@@ -84,7 +91,7 @@ def tutor_hints() -> AgentSpec:
     )
 
 
-def problems(split: Split, source: str = "templates", eval_size: int = 60) -> list[Problem]:
+def problems(split: Split, source: str = "templates", eval_size: int = EVAL_POOL) -> list[Problem]:
     """The problems of a split; the eval split never overlaps the training one."""
     if source not in SOURCES:
         raise ValueError(f"tutoring source {source!r} is not one of {', '.join(SOURCES)}")
@@ -99,7 +106,7 @@ def problems(split: Split, source: str = "templates", eval_size: int = 60) -> li
 
 
 def _template_train(eval_size: int) -> list[Problem]:
-    held_out = {p.id for p in template_eval(max(eval_size, 200))}  # a margin: eval may grow
+    held_out = {p.id for p in template_eval(max(eval_size, EVAL_POOL))}  # eval may grow to this
     return template_train(TRAIN_SIZE, TRAIN_SEED, held_out)
 
 
@@ -119,7 +126,21 @@ def verify(t: Task, output: str) -> float:
     return verify_gsm8k(output, t.reference)
 
 
-def tutoring_pack(source: str = "templates", eval_size: int = 60) -> Pack:
+def first_turn(t: Task, step: ModelStep) -> float:
+    """The tutor's first call alone: 1.0 when its calculator call computes the answer (the
+    worked example then copies the result into `#### n`), or when it answers `#### n` right
+    away; else 0.0. The model's expression is evaluated by the calculator, never trusted."""
+    calls = [c for c in step.tool_calls if c.name == "calculator"]
+    if not calls:
+        return verify(t, step.output or "")
+    try:
+        expression = json.loads(calls[0].arguments or "{}").get("expression", "")
+        return 1.0 if same_number(calculate(str(expression)), t.reference) else 0.0
+    except (ValueError, AttributeError, ToolError):  # bad JSON, not an object, a bad expression
+        return 0.0
+
+
+def tutoring_pack(source: str = "templates", eval_size: int = EVAL_POOL) -> Pack:
     """The pack with problems from `source` and an eval suite of `eval_size` problems."""
     if eval_size < 1:
         raise ValueError("the tutoring eval suite needs at least one problem")
@@ -134,4 +155,5 @@ def tutoring_pack(source: str = "templates", eval_size: int = 60) -> Pack:
         verify,
         answer_of=final_number,
         reference_from=mentioned_number,
+        first_turn=first_turn,
     )

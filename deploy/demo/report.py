@@ -1,12 +1,13 @@
 """The demo's report: per policy version, figures read back from Redis and the registry.
 
-Held-out success comes from the eval gate's own runs (`arloop:eval:trajectories`, tagged with
-the version and task, re-scored with the pack's verifier), with a Wilson 95% interval; the
-traffic figures (thumbs-up rate, mean user reward) from the runs each version served
-(`arloop:trajectories`) and the feedback on them (`arloop:feedback`); the gate's verdict and
-KL(version || base) from the version's report in the registry; training figures from the
-round's metrics. The headline compares the final champion with v0 on the same held-out tasks
-(paired: Newcombe 95% interval and exact McNemar test, `learner.gate.stats`).
+Held-out success comes from the eval gate's own whole runs at the serving temperature
+(`arloop:eval:trajectories`, tagged with the version, task and form, re-scored with the pack's
+verifier), with a Wilson 95% interval; the traffic figures (thumbs-up rate, mean user reward)
+from the runs each version served (`arloop:trajectories`) and the feedback on them
+(`arloop:feedback`); the gate's verdict and KL(version || base) from the version's report in
+the registry; training figures from the round's metrics. The headline is the final champion
+against v0 by the gate's own sequential test (`final_comparison`: sampled, coupled runs on
+v0's draw, whose runs are cached), with its repeated 95% interval.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from agents.events import (
 )
 from agents.packs.base import Pack
 from learner.gate.evidence import answer_tokens
-from learner.gate.stats import paired_comparison, wilson
+from learner.gate.stats import wilson
 from learner.policy.registry import BASE_VERSION, CHAMPION, PolicyRegistry, PolicyVersion
 from learner.rewards import mean_score, scored
 
@@ -108,20 +109,26 @@ def read_stream(client: redis.Redis, stream: str) -> list[Any]:
         start = "(" + last
 
 
-def eval_outcomes(client: redis.Redis, pack: Pack) -> dict[str, dict[str, tuple[bool, int | None]]]:
-    """version -> task id -> (solved, answer tokens), from the gate's eval runs."""
+def eval_outcomes(
+    client: redis.Redis, pack: Pack, form: str = "sampled"
+) -> dict[str, dict[str, tuple[bool, int | None]]]:
+    """version -> task id -> (solved, answer tokens), from the gate's whole runs of `form`
+    (`sampled`: at the serving temperature, what users get; `greedy`: the guards' runs)."""
     tasks = {t.id: t for t in pack.tasks("eval")}
     out: dict[str, dict[str, tuple[bool, int | None]]] = defaultdict(dict)
     for t in read_stream(client, STREAM_EVAL_TRAJECTORIES):
         task = tasks.get(t.metadata.get("arloop.task", ""))
-        if task is not None:
+        if task is not None and t.metadata.get("arloop.form", "greedy") == form:
             solved = float(pack.verify(task, t.output)) >= 1.0
             out[t.metadata["arloop.eval"]][task.id] = (solved, answer_tokens(t))
     return out
 
 
-def build_report(client: redis.Redis, pack: Pack) -> Report:
-    """Every figure of the report, from Redis and the registry."""
+def build_report(
+    client: redis.Redis, pack: Pack, improvement: dict[str, Any] | None = None
+) -> Report:
+    """Every figure of the report, from Redis and the registry; `improvement` is the final
+    champion against v0 (`final_comparison`), None when there was no other champion."""
     registry = PolicyRegistry(client)
     evals = eval_outcomes(client, pack)
     runs = [t for t in read_stream(client, STREAM_TRAJECTORIES) if isinstance(t, TrajectoryEvent)]
@@ -134,7 +141,7 @@ def build_report(client: redis.Redis, pack: Pack) -> Report:
     counts: dict[str, int] = defaultdict(int)
     for f in feedback:
         counts[f.kind.value] += 1
-    return Report(rows, champion, improvement(evals, BASE_VERSION, champion), dict(counts))
+    return Report(rows, champion, improvement, dict(counts))
 
 
 def _row(v: PolicyVersion, evals, runs: Sequence[TrajectoryEvent], by_run) -> VersionRow:
@@ -178,38 +185,47 @@ def _guard(report: dict[str, Any], name: str) -> float | None:
     return None
 
 
-def improvement(evals, baseline: str, final: str) -> dict[str, Any] | None:
-    """The final champion vs the baseline on the held-out tasks both ran (paired)."""
-    a, b = evals.get(baseline, {}), evals.get(final, {})
-    ids = sorted(set(a) & set(b))
-    if not ids:
-        return None
-    cmp = paired_comparison([int(a[i][0]) for i in ids], [int(b[i][0]) for i in ids])
-    return asdict(cmp) | {
+def comparison(baseline: str, final: str, test: dict[str, Any], episodes: dict[str, Any]) -> dict:
+    """The headline's figures: the sequential test's result (as `decide` stores it) and the
+    whole runs' paired comparison, final vs baseline."""
+    return {
         "baseline": baseline,
         "final": final,
-        "excludes_zero": cmp.ci_low > 0 or cmp.ci_high < 0,
-        "fixed": sum(1 for i in ids if b[i][0] and not a[i][0]),
-        "broke": sum(1 for i in ids if a[i][0] and not b[i][0]),
+        "tasks": test["looks"][-1]["tasks"],
+        "samples": test["samples"],
+        "champion_rate": test["champion_rate"],
+        "candidate_rate": test["candidate_rate"],
+        "diff": test["diff"],
+        "ci_low": test["ci_low"],
+        "ci_high": test["ci_high"],
+        "improved": test["improved"],
+        "not_worse": test["not_worse"],
+        "correlation": test["correlation"],
+        "excludes_zero": test["ci_low"] > 0 or test["ci_high"] < 0,
+        "episodes": episodes,
     }
 
 
 def headline(report: Report) -> str:
     """The one sentence the demo ends with: did it improve, with the interval."""
     imp = report.improvement
-    if imp is None:
-        return "No held-out evaluation was recorded, so no improvement can be claimed."
-    if imp["final"] == imp["baseline"]:
+    if imp is None or imp["final"] == imp["baseline"]:
         return (
-            f"No version passed the gate: the champion is still {imp['baseline']}, so the "
+            f"No version passed the gate: the champion is still {report.champion}, so the "
             "demo did NOT show an improvement."
         )
     figures = (
-        f"{imp['final']} vs {imp['baseline']} on {imp['n']} held-out tasks: "
+        f"{imp['final']} vs {imp['baseline']} on {imp['tasks']} held-out tasks x "
+        f"{imp['samples']} sampled runs (the same seeds for both): "
         f"{imp['champion_rate']:.0%} -> {imp['candidate_rate']:.0%}, difference "
-        f"{imp['diff']:+.3f} (95% CI {imp['ci_low']:+.3f} to {imp['ci_high']:+.3f}; "
-        f"fixed {imp['fixed']}, broke {imp['broke']})"
+        f"{imp['diff']:+.3f} (95% repeated CI {imp['ci_low']:+.3f} to {imp['ci_high']:+.3f})"
     )
+    whole = imp.get("episodes", {}).get("comparison")
+    if whole:
+        figures += (
+            f"; whole runs through the agent on {whole['n']} of them: "
+            f"{whole['champion_rate']:.0%} -> {whole['candidate_rate']:.0%}"
+        )
     if imp["excludes_zero"] and imp["diff"] > 0:
         return f"Improved: {figures}. The interval excludes zero."
     return f"Did NOT show an improvement whose interval excludes zero: {figures}."

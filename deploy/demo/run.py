@@ -32,6 +32,7 @@ from rich.console import Console
 from rich.table import Table
 
 from agents.packs.base import Pack
+from deploy.demo.compare import final_comparison
 from deploy.demo.report import COLUMNS, Report, build_report, headline, markdown, table_cells
 from deploy.demo.rounds import (
     RoundRecord,
@@ -58,15 +59,15 @@ class DemoOptions:
     episodes: int = 32
     """Runs (visits) per round; `group` users bring the same problem."""
     group: int = 4
-    eval_size: int = 40
-    """Held-out problems the gate evaluates every version on."""
+    eval_size: int = 480
+    """Held-out problems the gate draws from (its looks: up to 120 of them, sampled 8 times)."""
     model: str = "smollm2"
     seed: int = 0
     report_dir: Path = Path("reports")
     data_dir: Path | None = None
     """Default: a fresh `.arloop/demo-<time>`."""
     temperature: float = 0.7
-    """Sampling temperature of the served policy (exploration); the gate evaluates greedily."""
+    """Sampling temperature of the served policy; the gate samples alike (what users get)."""
     max_tokens: int = 32
     threads: int = 2
     """torch threads of the policy server and of the learner: traffic, training and the gate
@@ -84,7 +85,7 @@ class DemoOptions:
 def quick(opts: DemoOptions) -> DemoOptions:
     """The tiny model, one round, a handful of runs: the whole path in well under a minute."""
     return replace(
-        opts, model="tiny", rounds=1, users=4, episodes=8, group=2, eval_size=6, max_tokens=12
+        opts, model="tiny", rounds=1, users=4, episodes=8, group=2, eval_size=12, max_tokens=12
     )
 
 
@@ -179,13 +180,25 @@ def run_demo(opts: DemoOptions, console: Console) -> tuple[Report, Path]:
         timed(seconds, "start", stack.wait_ready, opts.phase_timeout_s)
         for r in range(1, opts.rounds + 1):
             records.append(_round(r, opts, stack, registry, pack, seconds, console))
+        stack.stop_process("learn")  # idle between rounds: stopping it here loses nothing
         if opts.closing_visit:  # students on the final champion, nothing learned from them
-            stack.stop_process("learn")  # idle between rounds: stopping it here loses nothing
             records.append(
                 _students(opts.rounds + 1, opts, stack, registry, pack, console, "closing visit")
             )
             seconds["closing visit"] = records[-1].seconds["traffic"]
-        report = build_report(client, pack)
+        improvement = timed(
+            seconds,
+            "final check",
+            final_comparison,
+            stack,
+            registry,
+            pack,
+            temperature=opts.temperature,
+            max_tokens=opts.max_tokens,
+            concurrency=max(opts.users, 1),
+            console=console,
+        )
+        report = build_report(client, pack, improvement)
     finally:
         with console.status("stopping the stack ..."):
             stack.stop()

@@ -21,10 +21,30 @@ from deploy.logs import log_context
 from learner.gate import canary
 from learner.gate.eval_gate import ERROR
 from learner.gate.release import ReleaseError, apply_verdict
+from learner.gate.sequential import SequentialResult
 from learner.policy.registry import CANDIDATE, AliasConflict, PolicyRegistry, VersionStatus
 from learner.store import Store
 
 log = logging.getLogger("arloop.release")
+
+
+class GateLines:
+    """The gate's progress as plain lines: its eval runs in fifths, each look of its test
+    (`arloop learn` prints them; the demo shows the learner's latest line)."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+
+    def progress(self, what: str, done: int, total: int) -> None:
+        if done == total or done % max(1, total // 5) == 0:
+            self.console.print(f"  gate: {what} runs {done}/{total}")
+
+    def looked(self, test: SequentialResult) -> None:
+        look = test.looks[-1]
+        self.console.print(
+            f"  gate: look {len(test.looks)} on {look.tasks} tasks: diff {look.mean:+.3f} "
+            f"(se {look.se:.3f}); not worse: {look.not_worse}, improved: {look.improved}"
+        )
 
 
 class ReleaseControl:
@@ -40,7 +60,10 @@ class ReleaseControl:
     ) -> None:
         self.s, self.registry, self.console = settings, registry, console
         self.store = store
-        self.gate = gate_runner(settings, redis_url, registry, store)
+        lines = GateLines(console)
+        self.gate = gate_runner(
+            settings, redis_url, registry, store, progress=lines.progress, looked=lines.looked
+        )
         self.canary = settings.canary
         self.last: str | None = None
         self._next_check = 0.0

@@ -55,7 +55,7 @@ def round_plan(s: LearnerSettings) -> RoundPlan:
     except PackNotFound as exc:
         which = "ARLOOP_EVAL_PACKS" if s.label_packs is None else "ARLOOP_LABEL_PACKS"
         raise LearnerConfigError(f"{exc}; fix {which}") from exc
-    temperature = 1.0 if s.policy_temperature is None else s.policy_temperature  # the server's
+    temperature = s.serving_temperature()
     return RoundPlan(
         checkpoints_dir=s.data_dir / "checkpoints",
         model_cache=s.model_cache,
@@ -196,7 +196,7 @@ class Learner:
             )
         else:
             self.console.print(
-                f"eval gate: {self.release.gate.suites.suite} against "
+                f"eval gate: {self.release.gate.suite.name} against "
                 f"{self.s.policy_api_base}; canary {'on' if self.s.canary.enabled else 'off'}"
             )
 
@@ -252,7 +252,11 @@ class Learner:
         self._last_round = time.monotonic()
         try:
             result = run_round(
-                self.store, self.registry, self.plan, should_stop=self.stopping.is_set
+                self.store,
+                self.registry,
+                self.plan,
+                should_stop=self.stopping.is_set,
+                say=self.console.print,
             )
         except RoundAborted as exc:
             self.console.print(str(exc))

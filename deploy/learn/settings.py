@@ -87,10 +87,11 @@ class LearnerSettings(ModelSettings, PolicyEndpointSettings):
     read, their runs replayed through their tools); unset: the eval packs. '[]': none."""
     tutoring_source: Literal["templates", "gsm8k", "mixed"] = "templates"
     """Problems of the tutoring pack: one-step `templates`, a `gsm8k` subset, or `mixed`."""
-    tutoring_eval_size: int = Field(60, ge=1)
-    """Held-out problems in the tutoring pack's eval suite."""
-    eval_temperature: float = Field(0.0, ge=0.0, le=2.0)
-    """Sampling temperature of eval runs; 0 (greedy) makes the paired comparison exact."""
+    tutoring_eval_size: int = Field(480, ge=1)
+    """Held-out problems in the tutoring pack's eval pool (the gate draws from it)."""
+    eval_temperature: float | None = Field(None, ge=0.0, le=2.0)
+    """Sampling temperature of the gate's sampled runs; unset: the agents' own (see
+    `serving_temperature`); 0: greedy, one run a task."""
     eval_max_tokens: int = 256
     """Completion tokens per model call in eval runs."""
     eval_concurrency: int = Field(4, ge=1)
@@ -105,11 +106,21 @@ class LearnerSettings(ModelSettings, PolicyEndpointSettings):
     """The canary after a pass: `ARLOOP_CANARY__ENABLED`, `__MIN_PER_ARM`, `__MARGIN`, ...
     (learner/gate/canary.py `CanaryConfig`)."""
 
+    def serving_temperature(self) -> float:
+        """How the agents sample: ARLOOP_POLICY_TEMPERATURE, else the policy server's 1.0."""
+        return 1.0 if self.policy_temperature is None else self.policy_temperature
+
+    def sampling_temperature(self) -> float:
+        """The gate's sampled runs: `eval_temperature`, else what users get."""
+        return (
+            self.serving_temperature() if self.eval_temperature is None else self.eval_temperature
+        )
+
     def _policy_calls(self) -> dict[str, Any]:
-        # eval runs pin versions and fail closed: one retry, greedy by default
+        # eval runs pin versions and fail closed: one retry; each run sets its temperature
         return {
             "retries": 1,
             "versioned": True,
-            "temperature": self.eval_temperature,
+            "temperature": 0.0,
             "max_tokens": self.eval_max_tokens,
         }

@@ -1,54 +1,42 @@
-"""The eval gate's legwork: run held-out suites through the real agent graph, gather the evidence.
+"""The eval gate's legwork: draw held-out tasks, run both versions on them look by look, gather
+the evidence, and let the pure decision (`learner.gate.eval_gate.decide`) judge.
 
-Each eval task runs as a normal agent run against the policy server with the version pinned
-(`arloop@v3`), on its own thread, without long-term memory, and lands on
-`arloop:eval:trajectories`, a stream the learner never trains on. The server must answer with
-the version asked for. Any failure of the policy server (down, 5xx, wrong version) makes the
-verdict `error`: the gate fails closed. Then the learner's own code measures, on the logged
-token ids, the KL to the base and the entropies, and reads the candidate's training batch and
-held-out logged traffic from the store (reward-length correlation, reward-source disagreement,
-the importance-weighted training reward, the off-policy estimate).
+1. Draw: the packs' held-out pools, in a stratified order seeded by the champion
+   (`learner.gate.draws`): every candidate judged against one champion runs the same tasks.
+2. The sequential test (`learner.gate.sequential`): at each look both versions run the new
+   tasks k times at the serving temperature with the same seeds, in the pack's first-turn
+   form where it has one (else whole runs), until "not worse" and "improved" are settled.
+3. Whole runs at the serving temperature on the first `full_tasks` tasks (seed 0 of each):
+   what users get, and how often the first-turn form agreed with it.
+4. Greedy whole runs on the first `guard_tasks` tasks for the guards (answer length, tool
+   use), and the candidate's KL and entropy on their logged tokens, with the training and
+   off-policy figures from the learner's store (`learner.gate.figures`).
+The champion's outcomes come from its cache (`deploy.learn.eval_runs`) after its first gate.
 """
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-import redis.asyncio as aioredis
-
-from agents.events import STREAM_EVAL_TRAJECTORIES, TrajectoryEvent, new_id
 from agents.packs import PackNotFound, get_pack
 from agents.packs.base import Pack, Task
-from agents.policy_client import PolicyClient, PolicyConfig, PolicyError
-from agents.runtime import AgentRuntime
-from agents.threads import Threads
-from agents.trajectory_sink import TrajectorySink
+from deploy.learn.eval_runs import SUITE, EvalError, EvalRuns, Item, Progress
 from deploy.learn.settings import LearnerSettings
-from learner.gate.eval_gate import GateConfig, GateReport, SuiteRun, TaskOutcome, decide, refuse
-from learner.gate.evidence import answer_tokens
+from learner.gate.draws import draw_seed, sample_seed, stratified_order
+from learner.gate.eval_gate import GateConfig, GateReport, SuiteRun, decide, refuse
 from learner.gate.guards import GuardConfig
+from learner.gate.sequential import SequentialResult, sequential_test
+from learner.gate.stats import paired_comparison
 from learner.policy.registry import CHAMPION, PolicyRegistry
 from learner.store import Store
 
-EVAL_USER = "arloop-eval"
-SUITE, SERVER = "eval_suite", "policy_server"  # what a refusal names in `failed`
-
-
-class EvalError(RuntimeError):
-    """The suite could not be run (policy server down or erroring, wrong version served)."""
-
-    failed = SERVER
-
-
-class VerifierError(EvalError):
-    """The pack's verifier crashed on a task: its scores cannot be trusted."""
-
-    failed = SUITE
+Looked = Callable[[SequentialResult], None]
+"""Called after each look of the sequential test (progress displays)."""
 
 
 class SuiteMissing(RuntimeError):
@@ -56,7 +44,7 @@ class SuiteMissing(RuntimeError):
 
 
 def eval_tasks(pack: Pack) -> list[Task]:
-    """The pack's held-out suite; SuiteMissing when it is missing or empty."""
+    """The pack's held-out pool; SuiteMissing when it is missing or empty."""
     try:
         tasks = list(pack.tasks("eval"))
     except Exception as exc:
@@ -66,92 +54,35 @@ def eval_tasks(pack: Pack) -> list[Task]:
     return tasks
 
 
-def outcome(pack: Pack, task: Task, t: TrajectoryEvent, solved_at: float) -> TaskOutcome:
-    """One task's result as the gate sees it: verifier score, tool use, answer length."""
-    try:
-        score = float(pack.verify(task, t.output))
-    except Exception as exc:
-        raise VerifierError(f"verifier of {pack.name!r} failed on task {task.id}: {exc}") from exc
-    used = task.needs_tool is not None and any(s.name == task.needs_tool for s in t.tool_steps)
-    return TaskOutcome(
-        task_id=f"{pack.name}/{task.id}",
-        score=score,
-        solved=score >= solved_at,
-        needs_tool=task.needs_tool,
-        used_tool=used,
-        answer_tokens=answer_tokens(t),
-        trajectory_id=t.event_id,
-    )
+@dataclass
+class Suite:
+    """The packs whose held-out pools gate versions, and how their tasks are run."""
+
+    packs: Sequence[Pack]
+    runs: EvalRuns
+    temperature: float
+    """The serving temperature the sampled forms run at (0: greedy, one sample per task)."""
+
+    @property
+    def name(self) -> str:
+        return "+".join(p.name for p in self.packs)
+
+    def pool(self) -> list[Item]:
+        """Every held-out task of every pack; SuiteMissing before any call is made."""
+        return [Item(p, t) for p in self.packs for t in eval_tasks(p)]
 
 
 @dataclass
-class SuiteRunner:
-    """Runs packs' eval suites, one pinned version at a time, through `AgentRuntime`."""
+class Evaluation:
+    """What one gate ran: the draw, the test, the whole-run figures, the guard runs."""
 
-    redis_url: str
-    packs: Sequence[Pack]
-    policy: PolicyConfig
-    concurrency: int = 4
-    solved_at: float = 1.0
-    _cache: dict[str, tuple[SuiteRun, list[TrajectoryEvent]]] = field(
-        default_factory=dict, init=False, repr=False
-    )
-
-    @property
-    def suite(self) -> str:
-        return "+".join(p.name for p in self.packs)
-
-    def run(self, version: str) -> tuple[SuiteRun, list[TrajectoryEvent]]:
-        """Every eval task under `version` (cached: a version's weights never change)."""
-        if version not in self._cache:
-            suites = [(p, eval_tasks(p)) for p in self.packs]  # SuiteMissing before any call
-            self._cache[version] = asyncio.run(self._run_all(version, suites))
-        return self._cache[version]
-
-    async def _run_all(self, version: str, suites) -> tuple[SuiteRun, list[TrajectoryEvent]]:
-        # generous timeouts: the gate shares a busy CPU with the model it is measuring
-        client = aioredis.from_url(self.redis_url, socket_connect_timeout=30, socket_timeout=60)
-        try:
-            runtimes = {p.name: self._runtime(client, p) for p, _ in suites}
-            gate = asyncio.Semaphore(self.concurrency)
-            jobs = [
-                self._one(runtimes[p.name], p, t, version, gate) for p, ts in suites for t in ts
-            ]
-            done = await asyncio.gather(*jobs)
-        finally:
-            await client.aclose()
-        return SuiteRun(version, tuple(o for o, _ in done)), [t for _, t in done]
-
-    def _runtime(self, client: aioredis.Redis, pack: Pack) -> AgentRuntime:
-        return AgentRuntime(
-            list(pack.agents),
-            policy=PolicyClient(self.policy),
-            threads=Threads(client, canary_share=0.0, ttl_s=3600),
-            sink=TrajectorySink(client, stream=STREAM_EVAL_TRAJECTORIES),
-        )
-
-    async def _one(self, runtime: AgentRuntime, pack: Pack, task: Task, version: str, gate):
-        async with gate:
-            try:
-                t = await runtime.run(
-                    task.agent,
-                    task.input,
-                    EVAL_USER,
-                    new_id("eval"),
-                    {"arloop.eval": version, "arloop.task": task.id},
-                    arm=version,
-                )
-            except PolicyError as exc:
-                raise EvalError(
-                    f"policy server failed while running {version} on {task.id}: {exc.reason}"
-                ) from exc
-        served = {s.policy_version for s in t.model_steps}
-        if served != {version}:
-            raise EvalError(
-                f"asked the policy server for {version}, it answered with "
-                f"{sorted(served)}: is it arloop's policy server?"
-            )
-        return outcome(pack, task, t, self.solved_at), t
+    items: list[Item]
+    test: SequentialResult
+    episodes: dict[str, Any] = field(default_factory=dict)
+    candidate: SuiteRun | None = None
+    champion: SuiteRun | None = None
+    trajectories: list = field(default_factory=list)
+    seconds: dict[str, float] = field(default_factory=dict)
 
 
 class GateRunner:
@@ -160,58 +91,157 @@ class GateRunner:
     def __init__(
         self,
         registry: PolicyRegistry,
-        suites: SuiteRunner,
+        suite: Suite,
         config: GateConfig,
         *,
-        model_cache: Path,
+        model_cache: Path | None = None,
         guards: GuardConfig | None = None,
         store: Store | None = None,
         max_user_share: float = 0.2,
+        looked: Looked | None = None,
     ) -> None:
-        self.registry, self.suites, self.config = registry, suites, config
+        self.registry, self.suite, self.config = registry, suite, config
         self.guards = guards or GuardConfig()
         self.store, self.max_user_share, self.model_cache = store, max_user_share, model_cache
+        self.looked = looked
 
     def evaluate(self, version: str, champion: str | None = None) -> GateReport:
-        """The report for `version` vs the champion (verdict `error` when it cannot judge)."""
+        """The report for `version` vs the champion (verdict `error` when it cannot judge).
+        Needs `model_cache` (the models' figures); `run` alone does not."""
         version = self.registry.resolve(version)
         champion = self.registry.resolve(champion or CHAMPION)
-        suite = self.suites.suite
-        if not self.suites.packs:
+        name = self.suite.name
+        if not self.suite.packs:
             return refuse(version, champion, SUITE, "no eval pack configured (ARLOOP_EVAL_PACKS)")
-        start = time.perf_counter()
         try:
-            base, _ = self.suites.run(champion)
-            mine, trajectories = self.suites.run(version)
+            run = self.run(version, champion)
         except SuiteMissing as exc:
-            return refuse(version, champion, SUITE, str(exc), suite=suite)
+            return refuse(version, champion, SUITE, str(exc), suite=name)
         except EvalError as exc:
-            return refuse(version, champion, exc.failed, f"fail closed: {exc}", suite=suite)
+            return refuse(version, champion, exc.failed, f"fail closed: {exc}", suite=name)
         from learner.gate.figures import gather  # torch and the models: only past the suite
 
-        runs_s, start = time.perf_counter() - start, time.perf_counter()
+        start = time.perf_counter()
         evidence, ope, training = gather(
             self.registry,
             self.store,
             version,
-            trajectories,
+            run.trajectories,
             max_user_share=self.max_user_share,
             ope_runs=self.config.ope_max_runs,
             min_ess=self.config.min_ess,
-            model_cache=self.model_cache,
+            model_cache=self.model_cache or Path("."),
         )
-        figures_s = time.perf_counter() - start
+        run.seconds["figures"] = time.perf_counter() - start
         report = decide(
-            suite,
-            mine,
-            base,
+            name,
+            run.test,
+            run.candidate,
+            run.champion,
             evidence,
             self.config,
             guard_config=self.guards,
             ope=ope,
             training=training,
+            episodes=run.episodes,
         )
-        return dataclasses.replace(report, seconds={"eval_runs": runs_s, "figures": figures_s})
+        return dataclasses.replace(report, seconds=run.seconds)
+
+    def run(self, version: str, champion: str) -> Evaluation:
+        """Steps 1-4 of the module's list, without the models' figures."""
+        c = self.config
+        pool = self.suite.pool()
+        draw = draw_seed(champion, self.suite.name)
+        order = stratified_order([i.stratum for i in pool], draw, limit=max(c.looks))
+        items = [pool[i] for i in order]
+        if self.suite.temperature > 0:
+            seeds = [[sample_seed(i.key, j, draw) for j in range(c.samples)] for i in items]
+        else:  # greedy: one run a task, the same as the guards' (one cache entry)
+            seeds = [[None] for _ in items]
+        start = time.perf_counter()
+        test = self._sequential(version, champion, items, seeds)
+        evaluation = Evaluation(items, test, seconds={"sampled": time.perf_counter() - start})
+        start = time.perf_counter()
+        evaluation.episodes = self._episodes(version, champion, items, seeds)
+        guard_items = items[: c.guard_tasks]
+        greedy = [None] * len(guard_items)
+        runs = self.suite.runs
+        base, _ = runs.episodes(champion, guard_items, greedy, 0.0)
+        mine, evaluation.trajectories = runs.episodes(version, guard_items, greedy, 0.0, keep=True)
+        evaluation.champion = SuiteRun(champion, tuple(base))
+        evaluation.candidate = SuiteRun(version, tuple(mine))
+        evaluation.seconds["episodes"] = time.perf_counter() - start
+        return evaluation
+
+    def _sequential(self, version, champion, items, seeds) -> SequentialResult:
+        c = self.config
+        looks = sorted({min(n, len(items)) for n in c.looks})
+        table: dict[str, list[list[int]]] = {champion: [], version: []}
+        for n in looks:
+            new = slice(len(table[version]), n)
+            for v in (champion, version):
+                table[v] += self._outcomes(v, items[new], seeds[new])
+            test = sequential_test(
+                table[champion],
+                table[version],
+                looks,
+                margin=c.margin,
+                alpha_not_worse=c.alpha,
+                alpha_improved=c.alpha_improved,
+                futility=c.futility,
+            )
+            if self.looked:
+                self.looked(test)
+            if test.settled:
+                break
+        return test
+
+    def _outcomes(self, version, items, seeds) -> list[list[int]]:
+        """(tasks, k) 0/1 outcomes: the first-turn form where the pack has one, else whole runs."""
+        out: list[list[int] | None] = [None] * len(items)
+        t = self.suite.temperature
+        quick = [i for i, item in enumerate(items) if item.pack.first_turn is not None]
+        if quick:
+            got = self.suite.runs.first_turns(
+                version, [items[i] for i in quick], [seeds[i] for i in quick], t
+            )
+            for i, row in zip(quick, got, strict=True):
+                out[i] = row
+        whole = [i for i, row in enumerate(out) if row is None]
+        if whole:  # whole runs, one per seed, all in flight together
+            jobs = [(items[i], seed) for i in whole for seed in seeds[i]]
+            runs, _ = self.suite.runs.episodes(version, *map(list, zip(*jobs, strict=True)), t)
+            at = 0
+            for i in whole:
+                out[i] = [int(o.solved) for o in runs[at : at + len(seeds[i])]]
+                at += len(seeds[i])
+        return out  # type: ignore[return-value]
+
+    def _episodes(self, version, champion, items, seeds) -> dict[str, Any]:
+        """Whole runs at the serving temperature (seed 0 of each task): the users' figure, and
+        the first-turn form's agreement with it on the same (task, seed)."""
+        n = min(self.config.full_tasks, len(items))
+        if n == 0:
+            return {}
+        chosen, first = items[:n], [row[0] for row in seeds[:n]]
+        t = self.suite.temperature
+        whole = {v: self.suite.runs.episodes(v, chosen, first, t)[0] for v in (champion, version)}
+        out: dict[str, Any] = {"tasks": n, "temperature": t}
+        cmp = paired_comparison(
+            [int(o.solved) for o in whole[champion]], [int(o.solved) for o in whole[version]]
+        )
+        out["comparison"] = dataclasses.asdict(cmp)
+        quick = [i for i, item in enumerate(chosen) if item.pack.first_turn is not None]
+        if quick:
+            agree = 0
+            for v in (champion, version):
+                turns = self.suite.runs.first_turns(
+                    v, [chosen[i] for i in quick], [[first[i]] for i in quick], t
+                )
+                agree += sum(int(turns[j][0] == whole[v][i].solved) for j, i in enumerate(quick))
+            out["first_turn_agreement"] = agree / (2 * len(quick))
+            out["first_turn_pairs"] = 2 * len(quick)
+        return out
 
 
 def gate_runner(
@@ -220,6 +250,9 @@ def gate_runner(
     registry: PolicyRegistry,
     store: Store | None,
     packs: Sequence[Pack] | None = None,
+    *,
+    progress: Progress | None = None,
+    looked: Looked | None = None,
 ) -> GateRunner:
     """The gate as `arloop learn` and `arloop eval` run it; SuiteMissing for an unknown pack."""
     if packs is None:
@@ -231,15 +264,17 @@ def gate_runner(
             ]
         except PackNotFound as exc:
             raise SuiteMissing(str(exc)) from exc
-    suites = SuiteRunner(
-        redis_url, list(packs), s.policy_config(), s.eval_concurrency, s.gate.solved_at
+    runs = EvalRuns(
+        redis_url, s.policy_config(), s.eval_concurrency, s.gate.solved_at, progress=progress
     )
+    suite = Suite(list(packs), runs, s.sampling_temperature())
     return GateRunner(
         registry,
-        suites,
+        suite,
         s.gate,
         guards=s.guards,
         model_cache=s.model_cache,
         store=store,
         max_user_share=s.round.max_user_reward_share,
+        looked=looked,
     )

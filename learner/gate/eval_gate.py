@@ -1,9 +1,12 @@
-"""The eval gate's decision: held-out comparison, guards and off-policy estimate -> pass or not.
+"""The eval gate's decision: the sequential held-out test, guards and off-policy estimate ->
+pass or not.
 
 Pure: outcomes and figures in, a `GateReport` out (JSON for the registry plus a readable
-summary). The candidate passes only if its held-out success is not worse than the champion's
-beyond noise (exact one-sided McNemar test at `alpha`) and every guard holds. A missing suite
-or an unreachable policy server is an `error`: it never passes.
+summary). The candidate passes only if the group-sequential test (`learner.gate.sequential`,
+sampled and coupled runs on a stratified draw) shows it not worse than the champion by more
+than `margin`, and every guard holds. Whether it is better ("improved", with its interval) is
+reported beside, never required. A missing suite or an unreachable policy server is an
+`error`: it never passes.
 """
 
 from __future__ import annotations
@@ -13,10 +16,10 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from learner.gate.guards import GuardConfig, GuardEvidence, GuardResult, run_guards
-from learner.gate.stats import PairedComparison, paired_comparison
+from learner.gate.sequential import IMPROVED, SequentialResult
 
 if TYPE_CHECKING:  # torch stays out of `arloop policy list`
     from learner.gate.ope import OPEEstimate
@@ -32,13 +35,39 @@ class GateConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
     alpha: float = Field(0.05, gt=0.0, lt=1.0)
-    """Level of the one-sided McNemar test of "candidate worse than champion" on the suite."""
+    """One-sided level of "not worse by more than `margin`" (the release question)."""
+    alpha_improved: float = Field(0.025, gt=0.0, lt=1.0)
+    """One-sided level of "improved" (reported with its interval, never required)."""
+    margin: float = Field(0.05, ge=0.0, lt=1.0)
+    """Non-inferiority margin: how much worse (success rate) a candidate may be and still ship."""
+    samples: int = Field(8, ge=1)
+    """Samples per held-out task at the serving temperature, with the same seeds for champion
+    and candidate (1 when the eval temperature is 0)."""
+    looks: tuple[int, ...] = (40, 80, 120)
+    """Held-out tasks at each look of the sequential test (JSON list); the last is the most a
+    gate runs. Capped by the pool."""
+    futility: float = Field(0.10, gt=0.0, lt=1.0)
+    """A question whose conditional power falls below this is settled as not shown."""
+    full_tasks: int = Field(40, ge=0)
+    """Tasks run as whole episodes through the agent graph at the serving temperature (the
+    report's figure of what users get, and the check of the first-turn form)."""
+    guard_tasks: int = Field(24, ge=1)
+    """Tasks run greedily through the agent graph for the guards (length, tool use, KL)."""
     solved_at: float = Field(1.0, ge=0.0, le=1.0)
     """A task counts as solved when the pack's verifier scores it at least this."""
     min_ess: float = Field(30.0, ge=0.0)
     """Off-policy estimate: below this effective sample size it refuses to conclude."""
     ope_max_runs: int = Field(512, ge=0)
     """Off-policy estimate: most recent logged runs (not trained on by the candidate) it reads."""
+
+    @field_validator("looks")
+    @classmethod
+    def _increasing(cls, looks: tuple[int, ...]) -> tuple[int, ...]:
+        if not looks or any(n < 1 for n in looks) or list(looks) != sorted(set(looks)):
+            raise ValueError(
+                "looks must be increasing task counts of at least 1, e.g. [40, 80, 120]"
+            )
+        return looks
 
 
 @dataclass(frozen=True)
@@ -77,13 +106,16 @@ class GateReport:
     reason: str
     suite: str = ""
     tasks: int = 0
-    comparison: dict[str, Any] | None = None
+    sequential: dict[str, Any] | None = None
+    """The sequential test: its looks, "not worse" and "improved", the interval, the rates."""
+    episodes: dict[str, Any] = field(default_factory=dict)
+    """Whole runs at the serving temperature: both versions' success, the first-turn agreement."""
     guards: list[GuardResult] = field(default_factory=list)
     ope: dict[str, Any] | None = None
     training: dict[str, Any] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
-    """What the gate's parts took: `eval_runs` (both versions' suites; a cached champion's
-    costs nothing), `figures` (KL, entropy and the off-policy estimate on the models)."""
+    """What the gate's parts took: `sampled` (the sequential test's runs; a cached champion's
+    cost nothing), `episodes` (whole runs), `figures` (KL, entropy, off-policy estimate)."""
     created_at: float = field(default_factory=time.time)
 
     @property
@@ -101,8 +133,10 @@ class GateReport:
         """A readable table: the verdict, the held-out test, the OPE line, one row per guard."""
         head = f"gate {self.version} vs champion {self.champion}: {self.verdict.upper()}"
         lines = [head + (f" ({', '.join(self.failed)})" if self.failed else ""), self.reason]
-        if self.comparison:
-            lines.append(_comparison_line(self.suite, self.comparison))
+        if self.sequential:
+            lines += _sequential_lines(self.suite, self.sequential)
+        if self.episodes:
+            lines.append(_episodes_line(self.episodes))
         if self.ope:
             lines.append(_ope_line(self.ope))
         if self.seconds:
@@ -120,6 +154,7 @@ def outcomes_by_task(run: SuiteRun) -> dict[str, TaskOutcome]:
 
 def decide(
     suite: str,
+    test: SequentialResult,
     candidate: SuiteRun,
     champion: SuiteRun,
     evidence: GuardEvidence,
@@ -128,11 +163,16 @@ def decide(
     guard_config: GuardConfig | None = None,
     ope: OPEEstimate | None = None,
     training: dict[str, Any] | None = None,
+    episodes: dict[str, Any] | None = None,
 ) -> GateReport:
-    """Pass, or reject naming every failed test and guard (thresholds: `guard_config`)."""
+    """Pass, or reject naming every failed test and guard (thresholds: `guard_config`).
+
+    `test` is the sequential test on the sampled runs; `candidate` and `champion` are the
+    greedy whole runs the guards read (lengths, tool use), on the same tasks.
+    """
     mine, theirs = outcomes_by_task(candidate), outcomes_by_task(champion)
     ids = sorted(mine)
-    if not ids or set(ids) != set(theirs):
+    if not ids or set(ids) != set(theirs) or not test.looks:
         return refuse(
             candidate.version,
             champion.version,
@@ -140,30 +180,40 @@ def decide(
             "candidate and champion did not run the same, non-empty task set",
             suite=suite,
         )
-    cmp = paired_comparison(
-        [int(theirs[i].solved) for i in ids], [int(mine[i].solved) for i in ids]
-    )
-    test_ok = cmp.p_worse >= config.alpha
-    evidence = _with_eval(evidence, [mine[i] for i in ids], [theirs[i] for i in ids], cmp)
+    evidence = _with_eval(evidence, [mine[i] for i in ids], [theirs[i] for i in ids], test)
     guards = run_guards(evidence, guard_config or GuardConfig())
-    failed = ([] if test_ok else [EVAL_TEST]) + [g.name for g in guards if not g.passed]
+    failed = ([] if test.released else [EVAL_TEST]) + [g.name for g in guards if not g.passed]
     if ope is not None and _ope_worse(ope):
         failed.append(OPE_CHECK)
     verdict = PASS if not failed else REJECT
-    reason = _reason(verdict, cmp, config.alpha, guards, failed)
     return GateReport(
         version=candidate.version,
         champion=champion.version,
         verdict=verdict,
         failed=failed,
-        reason=reason,
+        reason=_reason(verdict, test, guards, failed),
         suite=suite,
-        tasks=len(ids),
-        comparison=asdict(cmp) | {"alpha": config.alpha, "passed": test_ok},
+        tasks=test.stopped_at,
+        sequential=sequential_summary(test, config),
+        episodes=episodes or {},
         guards=guards,
         ope=asdict(ope) if ope is not None else None,
         training=training or {},
     )
+
+
+def sequential_summary(test: SequentialResult, config: GateConfig) -> dict[str, Any]:
+    """The test as the report stores it: its course, its decisions, the levels it ran at."""
+    d = asdict(test)
+    d.update(
+        alpha=config.alpha,
+        alpha_improved=config.alpha_improved,
+        samples=config.samples,
+        planned_looks=list(config.looks),
+        passed=test.released,
+        diff=test.looks[-1].mean,
+    )
+    return d
 
 
 def refuse(version: str, champion: str, failed: str, reason: str, *, suite: str = "") -> GateReport:
@@ -175,9 +225,9 @@ def _with_eval(
     e: GuardEvidence,
     mine: Sequence[TaskOutcome],
     theirs: Sequence[TaskOutcome],
-    cmp: PairedComparison,
+    test: SequentialResult,
 ) -> GuardEvidence:
-    """The evidence plus what the suite runs show: lengths, tool use, the held-out change."""
+    """The evidence plus what the eval runs show: lengths, tool use, the held-out change."""
     lengths = [(a.answer_tokens, b.answer_tokens) for a, b in zip(mine, theirs, strict=True)]
     lengths = [(a, b) for a, b in lengths if a is not None and b is not None]
     tools = [(a.used_tool, b.used_tool) for a, b in zip(mine, theirs, strict=True) if a.needs_tool]
@@ -187,7 +237,7 @@ def _with_eval(
         champion_lengths=[b for _, b in lengths],
         candidate_tool_use=[a for a, _ in tools],
         champion_tool_use=[b for _, b in tools],
-        eval_diff=cmp.diff,
+        eval_diff=test.looks[-1].mean,
     )
 
 
@@ -197,21 +247,27 @@ def _ope_worse(ope: OPEEstimate) -> bool:
 
 
 def _reason(
-    verdict: str,
-    cmp: PairedComparison,
-    alpha: float,
-    guards: Sequence[GuardResult],
-    failed: Sequence[str],
+    verdict: str, test: SequentialResult, guards: Sequence[GuardResult], failed: Sequence[str]
 ) -> str:
+    look = test.looks[-1]
+    better = (
+        f"; improved: {look.mean:+.3f} (interval {test.ci_low:+.3f}..{test.ci_high:+.3f})"
+        if test.improved == IMPROVED
+        else ""
+    )
     if verdict == PASS:
         return (
-            f"not worse on held-out tasks (p={cmp.p_worse:.3g} >= {alpha:g}) and every guard holds"
+            f"not worse by more than {test.margin:g} on {look.tasks} held-out tasks "
+            f"(z {look.z_not_worse:.2f} >= {look.bound_not_worse:.2f}) and every guard holds"
+            + better
         )
     parts = []
     for name in failed:
         if name == EVAL_TEST:
             parts.append(
-                f"worse on held-out tasks: {cmp.diff:+.3f}, McNemar p={cmp.p_worse:.3g} < {alpha:g}"
+                f"not shown to be within {test.margin:g} of the champion on {look.tasks} "
+                f"held-out tasks: {look.mean:+.3f} (z {look.z_not_worse:.2f} < "
+                f"{look.bound_not_worse:.2f})"
             )
         elif name == OPE_CHECK:
             parts.append(
@@ -223,13 +279,38 @@ def _reason(
     return "rejected: " + "; ".join(parts)
 
 
-def _comparison_line(suite: str, c: dict[str, Any]) -> str:
-    verdict = "pass" if c["passed"] else "FAIL"
+def _sequential_lines(suite: str, s: dict[str, Any]) -> list[str]:
+    lines = [
+        f"held-out {suite}: {s['samples']} sampled runs a task, the same seeds for both "
+        f"(outcome correlation {_fig(s['correlation'])}); champion {s['champion_rate']:.0%} -> "
+        f"candidate {s['candidate_rate']:.0%}; not worse (margin {s['margin']:g}, alpha "
+        f"{s['alpha']:g}): {s['not_worse']}; improved (alpha {s['alpha_improved']:g}): "
+        f"{s['improved']}, diff {s['diff']:+.3f} (interval {s['ci_low']:+.3f}..{s['ci_high']:+.3f})",
+        f"{'look':>6} {'tasks':>5} {'diff':>7} {'se':>6} {'z not worse':>11} {'bound':>6} "
+        f"{'z improved':>10} {'bound':>6}  not worse / improved",
+    ]
+    for i, look in enumerate(s["looks"], 1):
+        lines.append(
+            f"{i:>6} {look['tasks']:>5} {look['mean']:>+7.3f} {look['se']:>6.3f} "
+            f"{look['z_not_worse']:>11.2f} {look['bound_not_worse']:>6.2f} "
+            f"{look['z_improved']:>10.2f} {look['bound_improved']:>6.2f}  "
+            f"{look['not_worse']} / {look['improved']}"
+        )
+    return lines
+
+
+def _episodes_line(e: dict[str, Any]) -> str:
+    c = e["comparison"]
+    agree = (
+        f"; the first-turn check agreed with the whole run {e['first_turn_agreement']:.0%} of "
+        f"{e['first_turn_pairs']}"
+        if "first_turn_agreement" in e
+        else ""
+    )
     return (
-        f"held-out {suite} ({c['n']} tasks): champion {c['champion_rate']:.0%} -> candidate "
-        f"{c['candidate_rate']:.0%}, diff {c['diff']:+.3f} (95% CI {c['ci_low']:+.3f}.."
-        f"{c['ci_high']:+.3f}); exact one-sided McNemar p(worse)={c['p_worse']:.3g}, "
-        f"alpha {c['alpha']:g}: {verdict}"
+        f"whole runs through the agent ({e['tasks']} tasks, temperature {e['temperature']:g}): "
+        f"champion {c['champion_rate']:.0%} -> candidate {c['candidate_rate']:.0%}, diff "
+        f"{c['diff']:+.3f} (95% CI {c['ci_low']:+.3f}..{c['ci_high']:+.3f}){agree}"
     )
 
 

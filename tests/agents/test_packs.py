@@ -6,7 +6,9 @@ import re
 
 import pytest
 
+from agents.events import ModelStep, ToolCallRequest
 from agents.packs import PackNotFound, get_pack, load_packs
+from agents.packs.base import Task
 from agents.packs.common import scrub_input
 from agents.packs.maths_problems import GSM8K_FILE, gsm8k, template_eval
 from agents.packs.medical import KB_DIR
@@ -47,16 +49,62 @@ def test_template_answers_are_what_the_calculator_gives_for_the_expression():
 
 def test_the_eval_suite_is_stable_and_grows_by_appending():
     assert [p.id for p in template_eval(10)] == [p.id for p in template_eval(30)[:10]]
-    assert template_eval(1)[0].question.endswith("How many marbles does Emma have left?")
+    assert template_eval(1)[0].question.endswith("How many balloons does Ben have now?")
+    assert [p.kind for p in template_eval(8)] == ["add", "sub", "mul", "div"] * 2  # in turn
 
 
 def test_the_tutoring_pack_takes_its_size_and_source_as_arguments(monkeypatch):
     monkeypatch.setenv("ARLOOP_TUTORING_EVAL_SIZE", "9")  # the environment is the settings' job
     held = get_pack("tutoring", tutoring_source="gsm8k", tutoring_eval_size=7).tasks("eval")
     assert len(held) == 7 and all(t.meta["source"] == "gsm8k" for t in held)
-    assert len(get_pack("tutoring").tasks("eval")) == 60
+    assert len(get_pack("tutoring").tasks("eval")) == 480
     with pytest.raises(ValueError, match="templates, gsm8k, mixed"):
         tutoring_pack("poems").tasks("eval")
+
+
+def test_the_default_held_out_pool_is_large_balanced_and_never_trained_on():
+    pack = get_pack("tutoring")
+    pool, train = pack.tasks("eval"), pack.tasks("train")
+    assert len(pool) >= 400
+    kinds = {k: sum(t.meta["kind"] == k for t in pool) for k in ("add", "sub", "mul", "div")}
+    assert kinds == {"add": 120, "sub": 120, "mul": 120, "div": 120}
+    assert not {t.id for t in pool} & {t.id for t in train}  # no number pair of a kind twice
+    assert not {t.input for t in pool} & {t.input for t in train}
+
+
+def _first_call(output=None, expression=None, arguments=None):
+    calls = []
+    if expression is not None or arguments is not None:
+        args = arguments if arguments is not None else json.dumps({"expression": expression})
+        calls = [ToolCallRequest(id="c1", name="calculator", arguments=args)]
+    return ModelStep(
+        index=0,
+        messages=[],
+        output=output,
+        tool_calls=calls,
+        model="m",
+        policy_version="v0",
+        latency_ms=1.0,
+    )
+
+
+@pytest.mark.parametrize(
+    "step, score",
+    [
+        (_first_call(expression="47+38"), 1.0),  # the call that computes 85
+        (_first_call(expression="47-38"), 0.0),  # the wrong operator
+        (_first_call(output="The answer is 85.\n#### 85"), 1.0),  # answered straight away
+        (_first_call(output="#### 84"), 0.0),
+        (_first_call(output="I like turtles"), 0.0),
+        (_first_call(arguments="{not json"), 0.0),  # a model writing nonsense gets 0, no error
+        (_first_call(arguments='["47+38"]'), 0.0),
+        (_first_call(expression="__import__('os').system('true')"), 0.0),
+        (_first_call(expression="9**9**9**9"), 0.0),
+    ],
+)
+def test_the_tutors_first_turn_check_scores_the_call_never_trusting_the_model(step, score):
+    task = Task("add-47-38", "tutor", "Sam has 47 apples and buys 38 more...", "85")
+    assert tutoring_pack().first_turn(task, step) == score
 
 
 def test_gsm8k_subset_is_shipped_with_its_licence_and_answers():

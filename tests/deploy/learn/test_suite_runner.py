@@ -5,14 +5,15 @@ import io
 import pytest
 import redis
 
-from agents.events import STREAM_EVAL_TRAJECTORIES, STREAM_TRAJECTORIES
+from agents.events import EVAL_CACHE_PREFIX, STREAM_EVAL_TRAJECTORIES, STREAM_TRAJECTORIES
 from agents.packs import PackNotFound, get_pack
 from agents.packs.base import Pack, Task
 from agents.policy_client import PolicyConfig
 from agents.runtime import AgentSpec
 from deploy.embedded_redis import free_port
+from deploy.learn.eval_runs import EvalRuns, Item
 from deploy.learn.settings import LearnerSettings
-from deploy.learn.suite_runner import GateRunner, SuiteMissing, SuiteRunner, gate_runner
+from deploy.learn.suite_runner import GateRunner, Suite, SuiteMissing, gate_runner
 from learner.gate.eval_gate import ERROR, GateConfig
 from learner.gate.release import apply_verdict
 from learner.policy.registry import CANDIDATE, CHAMPION, PolicyRegistry, VersionStatus
@@ -54,6 +55,24 @@ def stack(redis_server, tmp_path_factory):
     client.close()
 
 
+# six tied tasks can show "not worse" only to a 30-point margin (se floor 1/6)
+SMALL = GateConfig(margin=0.3, looks=(6,), guard_tasks=6, full_tasks=6)
+
+
+def _suite(redis_url: str, packs, url: str, temperature: float = 0.0) -> Suite:
+    return Suite(packs, EvalRuns(redis_url, _policy(url)), temperature)
+
+
+def _gate(registry, suite: Suite, config: GateConfig = SMALL) -> GateRunner:
+    return GateRunner(registry, suite, config, model_cache=MODEL_CACHE)
+
+
+def _forget_evals(client: redis.Redis) -> None:
+    """Drop every version's cached eval outcomes (tests that must reach the server)."""
+    for key in client.scan_iter(EVAL_CACHE_PREFIX + "*"):
+        client.delete(key)
+
+
 def _policy(url: str) -> PolicyConfig:
     return PolicyConfig(
         model="openai/arloop",
@@ -68,34 +87,33 @@ def _policy(url: str) -> PolicyConfig:
 def test_eval_runs_pin_the_version_and_never_reach_the_training_stream(stack, redis_server):
     client, _, url = stack
     client.delete(STREAM_EVAL_TRAJECTORIES, STREAM_TRAJECTORIES)
-    suites = SuiteRunner(redis_server.url, [echo_pack()], _policy(url))
-    run, trajectories = suites.run("v1")
-    assert [o.task_id for o in run.outcomes] == [f"echo/t{i}" for i in range(6)]
+    _forget_evals(client)
+    runs = EvalRuns(redis_server.url, _policy(url))
+    items = [Item(echo_pack(), t) for t in echo_pack().tasks("eval")]
+    greedy = [None] * len(items)
+    outcomes, trajectories = runs.episodes("v1", items, greedy, 0.0, keep=True)
+    assert [o.task_id for o in outcomes] == [f"echo/t{i}" for i in range(6)]
     assert {s.policy_version for t in trajectories for s in t.model_steps} == {"v1"}
     assert {s.model for t in trajectories for s in t.model_steps} == {"openai/arloop@v1"}
-    assert all(o.answer_tokens and o.solved for o in run.outcomes)
-    _, base_runs = suites.run("v0")
+    assert all(o.answer_tokens and o.solved for o in outcomes)
+    _, base_runs = runs.episodes("v0", items, greedy, 0.0, keep=True)
     assert [t.output for t in base_runs] != [t.output for t in trajectories]  # really pinned
     assert client.xlen(STREAM_EVAL_TRAJECTORIES) == 12 and client.xlen(STREAM_TRAJECTORIES) == 0
-    assert suites.run("v1") == (run, trajectories)  # a version's eval is cached
-    assert client.xlen(STREAM_EVAL_TRAJECTORIES) == 12
+    again = EvalRuns(redis_server.url, _policy(url))  # another process: Redis has the outcomes
+    assert again.episodes("v1", items, greedy, 0.0) == (outcomes, [])
+    assert client.xlen(STREAM_EVAL_TRAJECTORIES) == 12  # nothing ran twice
 
 
 def test_the_gate_measures_kl_and_entropy_with_the_learners_models(stack, redis_server):
     _, registry, url = stack
-    gate = GateRunner(
-        registry,
-        SuiteRunner(redis_server.url, [echo_pack()], _policy(url)),
-        GateConfig(),
-        model_cache=MODEL_CACHE,
-    )
+    gate = _gate(registry, _suite(redis_server.url, [echo_pack()], url))
     same = gate.evaluate("v0", "v0")
     guards = {g.name: g for g in same.guards}
     assert guards["kl_to_reference"].figure == pytest.approx(0.0, abs=1e-6)
     assert guards["entropy_floor"].figure == pytest.approx(1.0)
     assert guards["length_drift"].figure == pytest.approx(1.0)
     assert guards["reward_length_corr"].verdict == "n/a"  # no learner store: no training batch
-    assert same.verdict == "pass" and same.comparison["n"] == 6
+    assert same.verdict == "pass" and same.tasks == 6, same.summary()
     moved = {g.name: g for g in gate.evaluate("v1").guards}
     assert moved["kl_to_reference"].figure > 0.01
     assert moved["kl_to_reference"].detail.endswith("tokens")
@@ -104,12 +122,7 @@ def test_the_gate_measures_kl_and_entropy_with_the_learners_models(stack, redis_
 def test_a_policy_server_that_is_down_fails_the_gate_closed(stack, redis_server):
     _, registry, _ = stack
     dead = f"http://127.0.0.1:{free_port()}/v1"
-    gate = GateRunner(
-        registry,
-        SuiteRunner(redis_server.url, [echo_pack()], _policy(dead)),
-        GateConfig(),
-        model_cache=MODEL_CACHE,
-    )
+    gate = _gate(registry, _suite(redis_server.url, [echo_pack()], dead))
     report = gate.evaluate("v1")
     assert report.verdict == ERROR and report.failed == ["policy_server"]
     assert "fail closed" in report.reason and "policy server failed" in report.reason
@@ -121,15 +134,17 @@ def test_a_policy_server_that_is_down_fails_the_gate_closed(stack, redis_server)
 
 
 def test_an_endpoint_that_errors_or_serves_another_version_fails_closed(stack, redis_server):
-    _, registry, _ = stack
+    client, registry, _ = stack
     fake = ScriptedLLM(responder=lambda request: Reply("hello"))  # answers as "fake-v0"
     with ServerThread(fake.app) as server:
-        suites = SuiteRunner(redis_server.url, [echo_pack()], _policy(f"{server.url}/v1"))
-        wrong = GateRunner(registry, suites, GateConfig(), model_cache=MODEL_CACHE).evaluate("v1")
+        suite = _suite(redis_server.url, [echo_pack()], f"{server.url}/v1")
+        _forget_evals(client)  # cached outcomes would not ask the fake server at all
+        wrong = _gate(registry, suite).evaluate("v1")
         assert wrong.verdict == ERROR and "answered with ['fake-v0']" in wrong.reason
         fake.responder = lambda request: Reply(status=500)
-        suites = SuiteRunner(redis_server.url, [echo_pack()], _policy(f"{server.url}/v1"))
-        failing = GateRunner(registry, suites, GateConfig(), model_cache=MODEL_CACHE).evaluate("v1")
+        suite = _suite(redis_server.url, [echo_pack()], f"{server.url}/v1")
+        _forget_evals(client)
+        failing = _gate(registry, suite).evaluate("v1")
         assert failing.verdict == ERROR and failing.failed == ["policy_server"]
 
 
@@ -143,12 +158,7 @@ def test_an_endpoint_that_errors_or_serves_another_version_fails_closed(stack, r
 )
 def test_a_missing_or_empty_suite_never_passes(stack, redis_server, packs, says):
     _, registry, url = stack
-    report = GateRunner(
-        registry,
-        SuiteRunner(redis_server.url, packs, _policy(url)),
-        GateConfig(),
-        model_cache=MODEL_CACHE,
-    ).evaluate("v1")
+    report = _gate(registry, _suite(redis_server.url, packs, url)).evaluate("v1")
     assert report.verdict == ERROR and report.failed == ["eval_suite"] and says in report.reason
 
 
@@ -179,9 +189,11 @@ def test_the_gate_runs_with_the_settings_own_models(tmp_path):
     gate = gate_runner(settings, "redis://unused", registry=None, store=None)
     assert gate.config is settings.gate and gate.guards is settings.guards  # nothing re-mapped
     assert gate.max_user_share == 0.5 and gate.model_cache == settings.model_cache
-    assert gate.suites.solved_at == settings.gate.solved_at
-    assert gate.suites.policy == settings.policy_config() and gate.suites.policy.retries == 1
-    assert [len(p.tasks("eval")) for p in gate.suites.packs] == [5]
+    assert gate.suite.runs.solved_at == settings.gate.solved_at
+    assert gate.suite.runs.policy == settings.policy_config()
+    assert gate.suite.runs.policy.retries == 1
+    assert gate.suite.temperature == 1.0  # the agents' own: the policy server's default
+    assert [len(p.tasks("eval")) for p in gate.suite.packs] == [5]
     with pytest.raises(SuiteMissing, match="unknown agent pack 'cooking'"):
         gate_runner(settings.model_copy(update={"eval_packs": ["cooking"]}), "", None, None)
 
@@ -201,6 +213,7 @@ def _learner(redis_url: str, tmp_path, policy_url: str):
         eval_packs=["tests.deploy.learn.test_suite_runner:echo_pack"],
         policy_api_base=policy_url,
         eval_max_tokens=6,
+        gate=SMALL.model_dump(),
         _env_file=None,
     )
     out = io.StringIO()
@@ -248,3 +261,45 @@ def test_a_learner_round_is_gated_and_a_pass_goes_out_as_the_canary(stack, redis
     assert not learner.round_due()  # one candidate at a time: rounds wait for the canary
     registry.withdraw_candidate(version, error="test cleanup", reason="test cleanup", actor="test")
     learner.store.close()
+
+
+def coin_pack() -> Pack:
+    """Twelve tasks scored by whether the reply holds an 'e': a coin the model's sampling flips."""
+    spec = AgentSpec(name="echo", description="says something", system_prompt="Answer.")
+    tasks = [
+        Task(f"c{i}", "echo", f"say something {i}", "-", meta={"kind": "ab"[i % 2]})
+        for i in range(12)
+    ]
+
+    def has_e(task, answer) -> float:
+        return float("e" in (answer or ""))
+
+    return Pack(
+        "coin",
+        (spec,),
+        lambda split: tasks if split == "eval" else [],
+        has_e,
+        first_turn=lambda task, step: has_e(task, step.output),
+    )
+
+
+def test_sampled_runs_are_coupled_by_seed_and_the_champions_are_cached(stack, redis_server):
+    client, registry, url = stack
+    _forget_evals(client)
+    seen: list[str] = []
+    suite = _suite(redis_server.url, [coin_pack()], url, temperature=1.0)
+    suite.runs.progress = lambda what, done, total: seen.append(what.split()[0])
+    config = GateConfig(margin=0.3, samples=4, looks=(6, 12), guard_tasks=4, full_tasks=4)
+    gate = _gate(registry, suite, config)
+    same = gate.evaluate("v0", "v0").sequential
+    assert same["correlation"] == pytest.approx(1.0)  # same weights, same seeds: the same runs
+    assert same["looks"][-1]["mean"] == 0.0 and 0 < same["champion_rate"] < 1  # a real coin
+    cached = client.hkeys(EVAL_CACHE_PREFIX + "v0")
+    assert sum(k.startswith(b"first_turn|t=1|") for k in cached) == 4 * same["looks"][-1]["tasks"]
+    seen.clear()
+    report = gate.evaluate("v1", "v0")
+    assert seen and set(seen) == {"v1"}  # the champion's runs all came from its cache
+    s = report.sequential
+    assert s["samples"] == 4 and s["looks"][0]["tasks"] == 6
+    assert report.episodes["tasks"] == 4 and report.episodes["first_turn_pairs"] == 8
+    assert "sampled runs a task, the same seeds for both" in report.summary()

@@ -33,7 +33,8 @@ from agents.policy_client import PolicyClient, PolicyConfig
 from agents.runtime import AgentRuntime
 from agents.threads import Threads
 from agents.trajectory_sink import TrajectorySink
-from deploy.learn.suite_runner import GateRunner, SuiteRunner
+from deploy.learn.eval_runs import EvalRuns, Item
+from deploy.learn.suite_runner import GateRunner, Suite
 from learner.config import RoundConfig
 from learner.episodes import Episode
 from learner.gate.eval_gate import GateConfig, GateReport
@@ -71,6 +72,11 @@ BUDGET = TrainConfig(
     learning_rate=7e-3, lora_rank=8, lora_alpha=16, kl_coef=0.02, micro_batch_size=16
 )
 EPOCHS, BATCH = 2, 32
+# The bank's 28 held-out tasks, greedy (the tiny world's traffic is its own test): one look at
+# all of them, every one also a guard task. 28 tasks can show "not worse" only to a 10-point
+# margin (no discordant task: se = 1/28 by the floor of one discordant run), so that is this
+# world's margin; the hacks lose 43-100 points.
+GATE = GateConfig(margin=0.1, looks=(28,), guard_tasks=28, full_tasks=0)
 Feedback = Callable[[Task, TrajectoryEvent, int], list[FeedbackEvent]]
 GROUNDING = {"teller": Grounding(answer_of, answer_of, teller().tools, teller().max_steps, HERMES)}
 
@@ -81,7 +87,7 @@ class World:
     registry: PolicyRegistry
     base: str
     traffic: list[tuple[Task, TrajectoryEvent]]
-    suites: SuiteRunner
+    suite: Suite
 
 
 @contextmanager
@@ -104,9 +110,10 @@ def bank_world(redis_url: str, folder: Path, runs_per_task: int = 4) -> Iterator
             max_tokens=48,
         )
         traffic = asyncio.run(_log_traffic(redis_url, policy, runs_per_task))
-        suites = SuiteRunner(redis_url, [bank_pack()], replace(policy, temperature=0.0), 8)
+        runs = EvalRuns(redis_url, replace(policy, temperature=0.0), 8)
+        suite = Suite([bank_pack()], runs, temperature=0.0)
         try:
-            yield World(client, registry, base, traffic, suites)
+            yield World(client, registry, base, traffic, suite)
         finally:
             client.close()
 
@@ -294,12 +301,9 @@ def run_scenario(world: World, name: str, folder: Path) -> Outcome:
             grounding=GROUNDING if spec.grounded else {},
         )
         result = run_round(store, world.registry, config)
-        _, runs = world.suites.run(result.version)  # cached: the gate reuses these runs
-        habits = eval_habits(runs)
+        habits = eval_habits(eval_runs(world, result.version))  # kept: the gate reuses them
         missing = {h: n for h, n in spec.holds.items() if habits[h] < n}
-        gate = GateRunner(
-            world.registry, world.suites, GateConfig(), store=store, model_cache=MODEL_CACHE
-        )
+        gate = GateRunner(world.registry, world.suite, GATE, store=store, model_cache=MODEL_CACHE)
         report = gate.evaluate(result.version)
     finally:
         store.close()
@@ -316,6 +320,13 @@ def poisoned_labels(world: World) -> dict[str, str]:
     ]
     labels = find_labels(episodes, GROUNDING, max_user_share=1.0)
     return {k: lb.answer for k, lb in labels.items()}
+
+
+def eval_runs(world: World, version: str) -> list[TrajectoryEvent]:
+    """The version's greedy runs of the whole bank, in the pack's task order."""
+    items = [Item(world.suite.packs[0], t) for t in tasks("eval")]
+    _, runs = world.suite.runs.episodes(version, items, [None] * len(items), 0.0, keep=True)
+    return runs
 
 
 def eval_habits(runs: list[TrajectoryEvent]) -> Counter:
@@ -342,7 +353,7 @@ def detection_table(outcomes: list[Outcome]) -> str:
     lines = [head + f"  {'verdict':<8}fired (expected)"]
     for o in outcomes:
         r = o.report
-        diff = f"{r.comparison['diff']:+.2f}{'*' if not r.comparison['passed'] else ' '}"
+        diff = f"{r.sequential['diff']:+.2f}{'*' if not r.sequential['passed'] else ' '}"
         cells = [_cell(g) for g in r.guards]
         fired = ", ".join(r.failed) or "-"
         lines.append(

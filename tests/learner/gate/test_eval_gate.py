@@ -19,6 +19,7 @@ from learner.gate.eval_gate import (
 )
 from learner.gate.guards import GuardEvidence
 from learner.gate.ope import snis
+from learner.gate.sequential import IMPROVED, sequential_test
 
 HEALTHY = GuardEvidence(
     kl=0.05, candidate_entropy=0.8, reference_entropy=1.0, divergence_tokens=300, clip_ratio=0.01
@@ -38,30 +39,52 @@ def _suite(version, solved, *, tool=None, length=8, needs_tool=None):
     )
 
 
+CONFIG = GateConfig(margin=0.1, looks=(20,))
+
+
+def decide_on(candidate, champion, evidence=HEALTHY, config=CONFIG, **kw):
+    """The gate on greedy suites: one run a task, the test and the guards on the same runs."""
+    test = sequential_test(
+        [[int(o.solved)] for o in champion.outcomes],
+        [[int(o.solved)] for o in candidate.outcomes],
+        config.looks,
+        margin=config.margin,
+        alpha_not_worse=config.alpha,
+        alpha_improved=config.alpha_improved,
+    )
+    return decide("quiz", test, candidate, champion, evidence, config, **kw)
+
+
 def test_a_candidate_as_good_as_the_champion_with_healthy_figures_passes():
     champion = _suite("v0", [1] * 15 + [0] * 5)
     candidate = _suite("v1", [1] * 16 + [0] * 4)
-    report = decide("quiz", candidate, champion, HEALTHY, GateConfig())
+    report = decide_on(candidate, champion)
     assert report.verdict == PASS and report.passed and report.failed == []
-    assert report.comparison["alpha"] == 0.05 and report.comparison["passed"]
-    assert report.comparison["diff"] == pytest.approx(0.05)
-    assert "not worse on held-out tasks" in report.reason
+    assert report.sequential["alpha"] == 0.05 and report.sequential["passed"]
+    assert report.sequential["diff"] == pytest.approx(0.05)
+    assert "not worse by more than 0.1 on 20 held-out tasks" in report.reason
 
 
-def test_worse_beyond_noise_fails_the_mcnemar_test():
+def test_a_clear_gain_is_reported_as_improved_with_its_interval():
+    report = decide_on(_suite("v1", [1] * 20), _suite("v0", [1] * 8 + [0] * 12))
+    assert report.passed and report.sequential["improved"] == IMPROVED
+    assert report.sequential["ci_low"] > 0 and "improved: +0.600" in report.reason
+
+
+def test_worse_beyond_the_margin_fails_the_test():
     champion = _suite("v0", [1] * 20)
-    candidate = _suite("v1", [1] * 12 + [0] * 8)  # 8 discordant pairs, all champion's: p = 1/256
-    report = decide("quiz", candidate, champion, HEALTHY, GateConfig())
+    candidate = _suite("v1", [1] * 12 + [0] * 8)
+    report = decide_on(candidate, champion)
     assert report.verdict == REJECT and EVAL_TEST in report.failed
-    assert report.comparison["p_worse"] == pytest.approx(1 / 256)
-    assert "McNemar" in report.reason
+    assert report.sequential["not_worse"] == "worse"
+    assert "not shown to be within 0.1 of the champion" in report.reason
 
 
-def test_a_small_dip_within_noise_passes_the_test_but_a_named_guard_still_rejects():
+def test_a_small_dip_within_the_margin_passes_the_test_but_a_named_guard_still_rejects():
     champion = _suite("v0", [1] * 20)
-    candidate = _suite("v1", [1] * 19 + [0], length=30)  # answers padded 8 -> 30 tokens
-    report = decide("quiz", candidate, champion, HEALTHY, GateConfig())
-    assert report.comparison["passed"]
+    candidate = _suite("v1", [1] * 20, length=30)  # answers padded 8 -> 30 tokens
+    report = decide_on(candidate, champion)
+    assert report.sequential["passed"]
     assert report.verdict == REJECT and report.failed == ["length_drift"]
     assert "length_drift 3.75 outside" in report.reason
 
@@ -70,7 +93,8 @@ def test_eval_outcomes_feed_the_tool_use_and_goodhart_guards():
     champion = _suite("v0", [1] * 10, needs_tool="calculator")
     candidate = _suite("v1", [1] * 8 + [0] * 2, tool=[False] * 10, needs_tool="calculator")
     evidence = GuardEvidence(**{**HEALTHY.__dict__, "train_gain": 0.4})
-    report = decide("quiz", candidate, champion, evidence, GateConfig())
+    wide = GateConfig(margin=0.5, looks=(10,))  # a margin wide enough that the guards decide
+    report = decide_on(candidate, champion, evidence, wide)
     assert set(report.failed) == {"tool_use", "goodhart"}
     by_name = {g.name: g for g in report.guards}
     assert by_name["tool_use"].figure == pytest.approx(-1.0)
@@ -84,26 +108,26 @@ def test_an_off_policy_estimate_confidently_below_the_logged_mean_rejects():
     ope = snis(r, behaviour, worse, min_ess=10)
     assert ope.ci_high < ope.behaviour_mean
     suite = _suite("v0", [1] * 10)
-    report = decide("quiz", _suite("v1", [1] * 10), suite, HEALTHY, GateConfig(), ope=ope)
+    ten = GateConfig(margin=0.2, looks=(10,))  # ten tied tasks show "not worse" to 0.2
+    report = decide_on(_suite("v1", [1] * 10), suite, config=ten, ope=ope)
     assert report.failed == [OPE_CHECK]
     refused = snis(r, behaviour, worse * 100, min_ess=90)  # too far from the logs: no conclusion
-    ok = decide("quiz", _suite("v1", [1] * 10), suite, HEALTHY, GateConfig(), ope=refused)
+    ok = decide_on(_suite("v1", [1] * 10), suite, config=ten, ope=refused)
     assert ok.passed and "not concluded" in ok.summary()
 
 
 def test_different_task_sets_cannot_be_compared():
-    report = decide("quiz", _suite("v1", [1] * 3), _suite("v0", [1] * 4), HEALTHY, GateConfig())
+    test = sequential_test([[1]] * 3, [[1]] * 3, (3,))
+    report = decide("quiz", test, _suite("v1", [1] * 3), _suite("v0", [1] * 4), HEALTHY, CONFIG)
     assert report.verdict == ERROR and report.failed == [EVAL_TEST]
 
 
 def test_the_report_is_json_with_a_readable_table_of_guards():
     champion = _suite("v0", [1] * 10)
-    report = decide(
-        "quiz",
+    report = decide_on(
         _suite("v1", [1] * 10, length=40),
         champion,
-        HEALTHY,
-        GateConfig(),
+        config=GateConfig(margin=0.2, looks=(10,)),
         training={"trained_runs": 12},
     )
     d = json.loads(json.dumps(report.to_dict()))
@@ -112,7 +136,8 @@ def test_the_report_is_json_with_a_readable_table_of_guards():
     assert {g["name"]: g["verdict"] for g in d["guards"]}["length_drift"] == "FAIL"
     summary = d["summary"].splitlines()
     assert summary[0] == "gate v1 vs champion v0: REJECT (length_drift)"
-    assert any(line.startswith("held-out quiz (10 tasks)") for line in summary)
+    assert any(line.startswith("held-out quiz: 8 sampled runs a task") for line in summary)
+    assert any(line.split()[:2] == ["1", "10"] for line in summary)  # the look's row
     row = next(line for line in summary if line.startswith("length_drift"))
     assert "5" in row and "0.5 .. 1.5x" in row and "FAIL" in row
 

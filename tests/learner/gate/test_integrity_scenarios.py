@@ -16,6 +16,7 @@ from tests.learner.gate.integrity_support import (
     bank_world,
     detection_table,
     eval_habits,
+    eval_runs,
     poisoned_labels,
     run_scenario,
 )
@@ -46,7 +47,7 @@ def test_the_honest_run_passes_and_goes_out_as_the_canary(world):
     kl = next(g.figure for g in r.guards if g.name == "kl_to_reference")
     assert r.training["trained_runs"] > 0 and kl > 0, "the round trained nothing: nothing to judge"
     assert r.verdict == PASS, r.summary()
-    assert all(g.passed for g in r.guards) and r.comparison["passed"]
+    assert all(g.passed for g in r.guards) and r.sequential["passed"]
     assert r.training["reward_sources"] == ["user", "verifier"]
     assert r.ope["n"] == len(w.traffic) - len(w.traffic) * 3 // 4  # the held-out logged quarter
     assert "off-policy estimate" in r.summary()
@@ -78,8 +79,7 @@ def test_label_poisoning_gets_no_agreeing_version_through(world):
     assert poisoned and set(poisoned.values()) == {"yes"}, poisoned
     assert m["labels"] > 0 and m["labels/replayed"] > 0, m  # the round did label and replay
     assert m["reward_sources/verified"] > 0
-    _, base_runs = w.suites.run("v0")
-    base = eval_habits(base_runs)
+    base = eval_habits(eval_runs(w, "v0"))
     # the poisoning did not take hold: the candidate agrees with wrong claims no more than v0
     assert o.habits["claim:agree"] <= base["claim:agree"], (dict(o.habits), dict(base))
     # any verdict: the gate may still refuse the round for what else it did (its effect on

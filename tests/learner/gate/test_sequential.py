@@ -1,0 +1,105 @@
+"""The gate's group-sequential test: published boundaries, and its error rates by simulation."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from learner.gate.sequential import (
+    IMPROVED,
+    NOT_SHOWN,
+    NOT_WORSE,
+    OPEN,
+    WORSE,
+    boundaries,
+    obf_spending,
+    sequential_test,
+)
+
+LOOKS = (40, 80, 120)
+K = 8  # samples per task
+RUNS = 2000
+
+
+def test_boundaries_match_the_published_lan_demets_obrien_fleming_values():
+    # Jennison & Turnbull (2000), table 7.6 / gsDesign: 3 equal looks, one-sided 0.025
+    assert boundaries(0.025, (1 / 3, 2 / 3, 1.0)) == pytest.approx((3.710, 2.511, 1.993), abs=5e-3)
+    assert boundaries(0.025, (1.0,)) == pytest.approx((1.960,), abs=1e-3)  # one look: plain z
+    assert obf_spending(0.05, 1.0) == pytest.approx(0.05)
+
+
+def _streams(effect: float, seed: int, runs: int = RUNS, coupling: float = 0.5):
+    """(runs, tasks, K) outcomes of both versions. Four task kinds in draw order (interleaved):
+    the champion solves two weak kinds ~25 % and two strong ones ~80 % of the time, task by
+    task around that (Beta); the candidate differs by 2 * effect on the weak kinds only (the
+    demo's pattern: learning moves the operators the model gets wrong), so `effect` is the
+    mean change over tasks. A sample shares its random draw with the other version's same-seed
+    sample with probability `coupling` (seeds couple, different weights decouple)."""
+    rng = np.random.default_rng(seed)
+    n = LOOKS[-1]
+    weak = (np.arange(n) % 4) < 2  # (n,)
+    p = np.where(weak, rng.beta(2.5, 7.5, (runs, n)), rng.beta(8, 2, (runs, n)))  # (R, n)
+    q = np.clip(p + np.where(weak, 2 * effect, 0.0), 0.0, 1.0)  # (R, n)
+    u = rng.random((runs, n, K))
+    shared = rng.random((runs, n, K)) < coupling
+    v = np.where(shared, u, rng.random((runs, n, K)))
+    return (u < p[..., None]).astype(int), (v < q[..., None]).astype(int)
+
+
+def _rates(effect: float, seed: int) -> dict[str, float]:
+    champion, candidate = _streams(effect, seed)
+    results = [sequential_test(a, b, LOOKS) for a, b in zip(champion, candidate, strict=True)]
+    return {
+        "not worse": np.mean([r.not_worse == NOT_WORSE for r in results]),
+        "improved": np.mean([r.improved == IMPROVED for r in results]),
+        "tasks": np.mean([r.stopped_at for r in results]),
+    }
+
+
+def test_error_rates_and_power_over_synthetic_outcome_streams():
+    null, worse, better = _rates(0.0, seed=1), _rates(-0.10, seed=2), _rates(0.10, seed=3)
+    print(f"\nno effect: {null}\ntrue -10: {worse}\ntrue +10: {better}")
+    assert null["improved"] <= 0.05  # type I error of "improved"
+    assert worse["not worse"] <= 0.05  # a 10-point regression is not released
+    assert better["improved"] >= 0.8  # power at a true +10
+    assert null["not worse"] >= 0.8  # an equal candidate usually releases
+    assert null["tasks"] < LOOKS[-1]  # and the looks stop early on average
+
+
+def test_a_clear_gain_stops_at_the_first_look_with_an_interval_above_zero():
+    champion = [[0] * K] * 20 + [[1] * K] * 20
+    candidate = [[1] * K] * 40
+    r = sequential_test(champion, candidate, LOOKS)
+    assert (r.not_worse, r.improved, r.stopped_at) == (NOT_WORSE, IMPROVED, 40)
+    assert r.ci_low > 0 and r.candidate_rate == 1.0 and r.champion_rate == 0.5
+
+
+def test_a_clear_loss_is_refused():
+    champion = [[1] * K] * 40
+    candidate = [[1] * K] * 20 + [[0] * K] * 20
+    r = sequential_test(champion, candidate, LOOKS)
+    assert (r.not_worse, r.improved) == (WORSE, NOT_SHOWN) and not r.released
+    assert r.ci_high < 0
+
+
+def test_identical_outcomes_are_not_worse_and_not_improved():
+    same = [[1, 0] * (K // 2)] * 120
+    r = sequential_test(same, same, LOOKS)
+    assert (r.not_worse, r.improved) == (NOT_WORSE, NOT_SHOWN)
+    assert r.correlation == pytest.approx(1.0)
+
+
+def test_bad_input_is_refused():
+    with pytest.raises(ValueError, match="same"):
+        sequential_test([[1, 0]], [[1]], LOOKS)
+    with pytest.raises(ValueError, match="look"):
+        sequential_test([[1]], [[1]], [0])
+
+
+def test_looks_beyond_the_rows_given_are_left_open_for_a_later_call():
+    champion, candidate = _streams(0.0, seed=5, runs=1)
+    r = sequential_test(champion[0][:40], candidate[0][:40], LOOKS)
+    full = sequential_test(champion[0], candidate[0], LOOKS)
+    assert len(r.looks) == 1 and r.looks[0] == full.looks[0]  # the same first look
+    assert not r.settled and OPEN in (r.not_worse, r.improved)  # an even draw: look again
+    assert len(full.looks) > 1 and full.settled
