@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import redis.asyncio as aioredis
 
@@ -25,6 +26,8 @@ class Services:
     intake: FeedbackIntake
     limiter: RateLimiter
     metrics: ApiMetrics
+    background: set[asyncio.Task] = field(default_factory=set)
+    """Streamed runs in flight, held so a run whose client left still ends (and is logged)."""
 
 
 def open_services(
