@@ -3,7 +3,7 @@
 Endpoints here: `GET /v1/agents`, `POST /v1/agents/{agent}/runs`, `POST /v1/feedback` (all
 with `Authorization: Bearer <key>`), `GET /healthz`, `GET /metrics`; the others come from
 their modules' routers: `streaming` (the run as Server-Sent Events), `history` (threads,
-feedback pages and export).
+feedback pages and export), `pages` (the chat page, the dashboard, the report card).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import random
 from contextlib import asynccontextmanager
 
 from fastapi import APIRouter, FastAPI, Response
+from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from agents.errors import ArloopError
@@ -28,6 +29,8 @@ from deploy.agent_api.errors import install_error_handlers
 from deploy.agent_api.history import router as history_router
 from deploy.agent_api.limits import BodySizeLimit
 from deploy.agent_api.metrics import ApiMetrics
+from deploy.agent_api.pages import STATIC_DIR
+from deploy.agent_api.pages import router as pages_router
 from deploy.agent_api.runs import admit, answer
 from deploy.agent_api.schemas import (
     AgentList,
@@ -126,12 +129,14 @@ def create_app(
         app.state.services = services
         yield
         await services.redis.aclose()
+        services.reader.close()
 
     app = FastAPI(title="arloop agent API", version="1", lifespan=lifespan)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     install_error_handlers(app)
-    for routes in (router, streaming_router, history_router):
+    for routes in (router, streaming_router, history_router, pages_router):
         app.include_router(routes)
+    app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
     return app
 
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from learner.gate.guards import GuardConfig, GuardEvidence, GuardResult, run_guards
-from learner.gate.stats import PairedComparison, paired_comparison
+from learner.gate.stats import PairedComparison, paired_comparison, wilson
 
 if TYPE_CHECKING:  # torch stays out of `arloop policy list`
     from learner.gate.ope import OPEEstimate
@@ -159,11 +159,23 @@ def decide(
         reason=reason,
         suite=suite,
         tasks=len(ids),
-        comparison=asdict(cmp) | {"alpha": config.alpha, "passed": test_ok},
+        comparison=asdict(cmp) | {"alpha": config.alpha, "passed": test_ok} | _intervals(cmp),
         guards=guards,
         ope=asdict(ope) if ope is not None else None,
         training=training or {},
     )
+
+
+def _intervals(cmp: PairedComparison) -> dict[str, Any]:
+    """Each version's held-out success with its Wilson 95% interval (the dashboard shows them)."""
+    champion = round(cmp.champion_rate * cmp.n)
+    candidate = round(cmp.candidate_rate * cmp.n)
+    return {
+        "champion_solved": champion,
+        "candidate_solved": candidate,
+        "champion_ci": list(wilson(champion, cmp.n)),
+        "candidate_ci": list(wilson(candidate, cmp.n)),
+    }
 
 
 def refuse(version: str, champion: str, failed: str, reason: str, *, suite: str = "") -> GateReport:
