@@ -32,9 +32,13 @@ def chromium_path() -> str:
     return path
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser():
-    """One headless Chromium for the session, each test opening its own context."""
+    """One headless Chromium per test module, each test opening its own context.
+
+    Not for the whole session: while playwright's sync API is open its event loop counts as
+    running in this thread, and the asyncio tests of later modules could not run theirs.
+    """
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
