@@ -45,6 +45,7 @@ from deploy.agent_api.streaming import router as streaming_router
 from deploy.embedded_redis import ensure_redis
 from deploy.logs import bind, setup_logging
 from deploy.settings import AgentApiSettings
+from deploy.telemetry import setup_tracing
 
 log = logging.getLogger(__name__)
 router = APIRouter()
@@ -155,6 +156,7 @@ def serve() -> None:
 
     settings = AgentApiSettings()
     setup_logging("agent_api", settings.log_level, settings.log_format)
+    setup_tracing("agent_api", settings.otlp_endpoint)
     url = ensure_redis(settings.redis_url, settings.data_dir)
     app = create_app(settings.model_copy(update={"redis_url": url}))
     # uvloop + httptools roughly doubled an ingest endpoint's rate here; both are optional.

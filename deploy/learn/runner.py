@@ -371,12 +371,14 @@ def main(once: bool = False) -> int:
     from pydantic_settings import SettingsError
 
     from deploy.logs import setup_logging
+    from deploy.telemetry import setup_tracing
     from learner.policy.models import ModelNotFound
 
     console = Console(soft_wrap=True)  # one line per round, also in a log file
     try:
         settings = LearnerSettings()
         setup_logging("learner", settings.log_level, settings.log_format)
+        setup_tracing("learner", settings.otlp_endpoint)  # the gate's eval runs
         learner = Learner(settings, console)
         if settings.metrics_port and not once:
             _serve_metrics(learner, settings, console)
