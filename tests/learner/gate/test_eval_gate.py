@@ -19,6 +19,7 @@ from learner.gate.eval_gate import (
 )
 from learner.gate.guards import GuardEvidence
 from learner.gate.ope import snis
+from learner.gate.stats import wilson
 
 HEALTHY = GuardEvidence(
     kl=0.05, candidate_entropy=0.8, reference_entropy=1.0, divergence_tokens=300, clip_ratio=0.01
@@ -46,6 +47,11 @@ def test_a_candidate_as_good_as_the_champion_with_healthy_figures_passes():
     assert report.comparison["alpha"] == 0.05 and report.comparison["passed"]
     assert report.comparison["diff"] == pytest.approx(0.05)
     assert "not worse on held-out tasks" in report.reason
+    # each side's held-out success with its Wilson interval (the dashboard shows them)
+    c = report.comparison
+    assert (c["champion_solved"], c["candidate_solved"], c["n"]) == (15, 16, 20)
+    assert c["candidate_ci"] == list(wilson(16, 20)) and c["champion_ci"] == list(wilson(15, 20))
+    assert c["candidate_ci"][0] < 0.8 < c["candidate_ci"][1]
 
 
 def test_worse_beyond_noise_fails_the_mcnemar_test():
