@@ -16,8 +16,9 @@ import redis
 
 from agents.events import LEARNER_GROUP, STREAM_DEAD, STREAM_FEEDBACK, STREAM_TRAJECTORIES
 
-LAG_CAP = 10_000
-"""Undelivered entries counted at most (a larger lag reads as this, `lag_capped` set)."""
+LAG_CAP = 100
+"""Undelivered entries counted at most: XRANGE returns whole entries (a run can be tens of
+kilobytes), so a larger lag reads as this with `lag_capped` set, beside the age of the oldest."""
 STREAMS = (STREAM_TRAJECTORIES, STREAM_FEEDBACK)
 
 
