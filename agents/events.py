@@ -21,14 +21,27 @@ EVAL_CACHE_PREFIX = "arloop:eval:cache:"  # + version: its eval outcomes by form
 STREAM_POLICY = "arloop:policy:events"
 POLICY_PREFIX = "arloop:policy"
 POLICY_ALIASES = "arloop:policy:aliases"  # hash: alias -> version
+POLICY_VERSIONS = "arloop:policy:versions"  # sorted set: version -> creation time
 POLICY_CHANNEL = "arloop:policy:changed"  # pub/sub: a version or alias moved
 LEARNER_GROUP = "learner"
+LEARNER_STATUS = "arloop:learner:status"  # JSON the learner rewrites: streams, last round, canary
+SERVING_PREFIX = "arloop:serving"  # one key per policy server process: what it serves (TTL)
 # Serving-side keys (agent API): thread state and records, long-term memory, feedback guards.
 CHECKPOINT_PREFIX = "arloop:lg"  # LangGraph thread checkpoints (langgraph-checkpoint-plainredis)
 THREAD_PREFIX = "arloop:thread"  # hash per thread: owner, agent, policy arm; plus a run lock
 MEMORY_PREFIX = "arloop:memory"  # lists per user and task kind: reflections, facts
 FEEDBACK_SEEN_PREFIX = "arloop:feedback:seen"  # replay markers per trajectory and kind
 RATE_PREFIX = "arloop:rate"  # per-user rate-limit windows
+
+
+def policy_version_key(version: str) -> str:
+    """The registry hash of one version (fields JSON-encoded, `learner.policy.lifecycle`)."""
+    return f"{POLICY_PREFIX}:v:{version}"
+
+
+def serving_key(instance: str) -> str:
+    """A policy server process's heartbeat: the versions it serves and their checkpoint digests."""
+    return f"{SERVING_PREFIX}:{instance}"
 
 
 def new_id(prefix: str) -> str:
@@ -92,6 +105,7 @@ StepEvent = Annotated[ModelStep | ToolStep, Field(discriminator="kind")]
 class RunStatus(StrEnum):
     OK = "ok"
     STEP_BUDGET = "step_budget"  # stopped by the step budget before a final answer
+    CANCELLED = "cancelled"  # the client left mid-run (a stream): logged, never trained on
 
 
 class TrajectoryEvent(_Event):
@@ -156,6 +170,7 @@ class FeedbackEvent(_Event):
     policy_version: str
     turn: int | None = None  # index of the model step it is about, when per turn
     source: Literal["user", "verifier", "system"] = "user"
+    agent: str | None = None  # the agent that ran (from the token; None on older tokens)
 
     @model_validator(mode="after")
     def _value_fits_kind(self) -> FeedbackEvent:

@@ -114,6 +114,7 @@ class FeedbackIntake:
             text=sub.text,
             policy_version=claims.policy_version,
             turn=sub.turn,
+            agent=claims.agent,
         )
 
     async def _write(self, event: FeedbackEvent, claims: TokenClaims) -> str:

@@ -1,4 +1,8 @@
-"""Feedback tokens: HMAC-SHA256 over trajectory id, user id, policy version and expiry."""
+"""Feedback tokens: HMAC-SHA256 over trajectory id, user id, policy version, expiry and agent.
+
+The agent is the fifth claim since feedback listings filter by it; a token issued before it
+existed (four claims) still verifies, with no agent.
+"""
 
 from __future__ import annotations
 
@@ -24,22 +28,29 @@ class TokenClaims:
     user_id: str
     policy_version: str
     expires_at: int
+    agent: str | None = None
 
 
 def sign(secret: str, claims: TokenClaims) -> str:
     """`<payload>.<mac>`, both base64url without padding."""
-    body = json.dumps(
-        [claims.trajectory_id, claims.user_id, claims.policy_version, claims.expires_at],
-        separators=(",", ":"),
-    ).encode()
+    fields = [claims.trajectory_id, claims.user_id, claims.policy_version, claims.expires_at]
+    fields += [claims.agent] if claims.agent is not None else []
+    body = json.dumps(fields, separators=(",", ":")).encode()
     payload = _b64(body)
     return f"{payload}.{_b64(_mac(secret, payload))}"
 
 
-def issue(secret: str, trajectory_id: str, user_id: str, policy_version: str, ttl_s: int) -> str:
-    """A token for one trajectory, valid `ttl_s` seconds from now."""
+def issue(
+    secret: str,
+    trajectory_id: str,
+    user_id: str,
+    policy_version: str,
+    ttl_s: int,
+    agent: str | None = None,
+) -> str:
+    """A token for one trajectory (of `agent`), valid `ttl_s` seconds from now."""
     expires = int(time.time()) + ttl_s
-    return sign(secret, TokenClaims(trajectory_id, user_id, policy_version, expires))
+    return sign(secret, TokenClaims(trajectory_id, user_id, policy_version, expires, agent))
 
 
 def verify(secret: str, token: str | None, *, now: float | None = None) -> TokenClaims:
@@ -73,7 +84,10 @@ def _decode(secret: str, token: str) -> TokenClaims | None:
     try:
         if not hmac.compare_digest(_unb64(mac), _mac(secret, payload)):
             return None
-        claims = TokenClaims(*json.loads(_unb64(payload)))
+        values = json.loads(_unb64(payload))
+        if not isinstance(values, list) or len(values) not in (4, 5):
+            return None
+        claims = TokenClaims(*values)
     except (ValueError, TypeError):
         return None
     return claims if _well_formed(claims) else None
@@ -81,7 +95,10 @@ def _decode(secret: str, token: str) -> TokenClaims | None:
 
 def _well_formed(claims: TokenClaims) -> bool:
     texts = (claims.trajectory_id, claims.user_id, claims.policy_version)
-    return all(isinstance(v, str) for v in texts) and isinstance(claims.expires_at, int)
+    agent_ok = claims.agent is None or isinstance(claims.agent, str)
+    return (
+        all(isinstance(v, str) for v in texts) and isinstance(claims.expires_at, int) and agent_ok
+    )
 
 
 def _mac(secret: str, payload: str) -> bytes:

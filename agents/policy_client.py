@@ -5,12 +5,15 @@ from __future__ import annotations
 import copy
 import os
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
 from agents.errors import ArloopError
 from agents.events import ModelStep, ToolCallRequest
+from agents.policy_stream import OnDelta, StreamedCompletion
 
 
 @dataclass(frozen=True)
@@ -70,16 +73,40 @@ class PolicyClient:
         *,
         arm: str | None = None,
         index: int = 0,
+        on_delta: OnDelta | None = None,
     ) -> ModelStep:
-        """One completion; PolicyError (502/504) when the endpoint fails or times out."""
+        """One completion; PolicyError (502/504) when the endpoint fails or times out.
+
+        With `on_delta` the endpoint streams and each piece of text is handed over as it comes;
+        the step recorded is the same (token ids and logprobs come per chunk).
+        """
         model = self.model_for(arm)
         start = time.perf_counter()
-        response = await self._call(model, copy.deepcopy(messages), list(tools))
+        wire, tool_list = copy.deepcopy(messages), list(tools)
+        if on_delta is not None:
+            streamed = await self._stream(model, wire, tool_list, on_delta)
+            latency_ms = (time.perf_counter() - start) * 1000
+            return streamed.step(messages, tools, model, index, latency_ms)
+        async with self._errors():
+            response = await _litellm().acompletion(**self._kwargs(model, wire, tool_list))
         latency_ms = (time.perf_counter() - start) * 1000
         return to_model_step(response, messages, tools, model, index, latency_ms)
 
-    async def _call(self, model: str, messages: list[dict], tools: list[dict]) -> Any:
-        litellm = _litellm()
+    async def _stream(
+        self, model: str, messages: list[dict], tools: list[dict], on_delta: OnDelta
+    ) -> StreamedCompletion:
+        out = StreamedCompletion()
+        async with self._errors():
+            chunks = await _litellm().acompletion(
+                **self._kwargs(model, messages, tools), stream=True
+            )
+            async for chunk in chunks:
+                text = out.add(chunk)
+                if text:
+                    on_delta(text)
+        return out
+
+    def _kwargs(self, model: str, messages: list[dict], tools: list[dict]) -> dict[str, Any]:
         cfg = self.config
         kwargs: dict[str, Any] = {"tools": tools} if tools else {}
         if cfg.temperature is not None:
@@ -88,20 +115,27 @@ class PolicyClient:
             kwargs["max_tokens"] = cfg.max_tokens
         if cfg.seed is not None:
             kwargs["seed"] = cfg.seed
+        return {
+            "model": model,
+            "messages": messages,
+            "api_base": cfg.api_base,
+            "api_key": cfg.api_key,
+            "timeout": cfg.timeout_s,
+            "max_retries": cfg.retries,
+            "logprobs": True,
+            "extra_body": {"return_token_ids": True},
+            **kwargs,
+        }
+
+    @asynccontextmanager
+    async def _errors(self) -> AsyncIterator[None]:
+        """Any failure of the upstream call, streamed or not, as a PolicyError."""
+        litellm = _litellm()
         try:
-            return await litellm.acompletion(
-                model=model,
-                messages=messages,
-                api_base=cfg.api_base,
-                api_key=cfg.api_key,
-                timeout=cfg.timeout_s,
-                max_retries=cfg.retries,
-                logprobs=True,
-                extra_body={"return_token_ids": True},
-                **kwargs,
-            )
+            yield
         except litellm.Timeout as exc:
-            raise PolicyError(504, f"policy endpoint timed out after {cfg.timeout_s:g} s") from exc
+            timeout = self.config.timeout_s
+            raise PolicyError(504, f"policy endpoint timed out after {timeout:g} s") from exc
         except Exception as exc:  # any failure of the upstream call is a bad gateway for us
             reason = f"policy endpoint failed: {type(exc).__name__}: {_first_line(exc)}"
             raise PolicyError(502, reason) from exc

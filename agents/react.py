@@ -13,6 +13,7 @@ from langgraph.runtime import Runtime
 
 from agents.events import RunStatus
 from agents.run_context import RunContext, ai_message, pending_tool_calls, to_openai
+from agents.tracing import traced_node, traced_tool
 
 BUDGET_NOTE = "I could not finish this within my step budget."
 
@@ -48,6 +49,7 @@ def last_user_text(messages: list[AnyMessage]) -> str:
     return ""
 
 
+@traced_node("recall")
 async def recall_facts(state: AgentState, runtime: Runtime[RunContext]) -> dict:
     """Put what we know about this user that bears on the question into the prompt."""
     ctx = runtime.context
@@ -62,6 +64,7 @@ def format_notes(title: str, lines: list[str]) -> str:
     return f"{title}\n" + "\n".join(f"- {line}" for line in lines) if lines else ""
 
 
+@traced_node("model")
 async def call_model(state: AgentState, runtime: Runtime[RunContext]) -> dict:
     """Ask the policy for the next move; past the step budget a pending call is refused."""
     ctx = runtime.context
@@ -75,12 +78,16 @@ async def call_model(state: AgentState, runtime: Runtime[RunContext]) -> dict:
     return {"messages": [ai_message(step)], "steps_left": left}
 
 
+@traced_node("tools")
 async def run_tools(state: AgentState, runtime: Runtime[RunContext]) -> dict:
     """Run the requested tool calls (concurrently, sandboxed); each result is an observation."""
     ctx = runtime.context
     calls = pending_tool_calls(state["messages"][-1])
     results = await asyncio.gather(
-        *(ctx.tools.call(c["function"]["name"], c["function"]["arguments"], c["id"]) for c in calls)
+        *(
+            traced_tool(ctx.tools, c["function"]["name"], c["function"]["arguments"], c["id"])
+            for c in calls
+        )
     )
     for result in results:  # logged in the order the model asked, not the order they ended
         ctx.record_tool(result)

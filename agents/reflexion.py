@@ -17,6 +17,7 @@ from langgraph.runtime import Runtime
 from agents.events import RunStatus
 from agents.react import AgentState, call_model, format_notes, run_input, run_tools
 from agents.run_context import RunContext, pending_tool_calls
+from agents.tracing import traced_node
 
 CHECK_PROMPT = (
     "You check answers. Reply PASS if the answer fully and correctly answers the question; "
@@ -45,6 +46,7 @@ def reflexion_input(text: str, max_steps: int, max_attempts: int) -> dict:
     }
 
 
+@traced_node("recall")
 async def recall(state: ReflexionState, runtime: Runtime[RunContext]) -> dict:
     """Lessons from earlier failures on similar tasks, and facts about the user."""
     ctx = runtime.context
@@ -67,6 +69,7 @@ def last_answer(state: ReflexionState) -> str:
     return last.content if isinstance(last, AIMessage) and isinstance(last.content, str) else ""
 
 
+@traced_node("evaluate")
 async def evaluate(state: ReflexionState, runtime: Runtime[RunContext]) -> dict:
     """Judge the attempt with the verifier tool, else with the model's own check."""
     ctx = runtime.context
@@ -74,7 +77,9 @@ async def evaluate(state: ReflexionState, runtime: Runtime[RunContext]) -> dict:
     if ctx.verifier is not None:
         name = ctx.verifier.names[0]
         args = {"question": question, "answer": answer}
-        result = await ctx.call_tool(ctx.verifier, name, args, f"verify_{len(ctx.steps)}")
+        result = await ctx.call_tool(
+            ctx.verifier, name, args, f"verify_{len(ctx.steps)}", node="evaluate"
+        )
         if result.error:  # a broken verifier cannot judge: stop rather than retry blindly
             return {"verdict": "error", "critique": result.output}
         verdict_text = result.output
@@ -83,11 +88,12 @@ async def evaluate(state: ReflexionState, runtime: Runtime[RunContext]) -> dict:
             {"role": "system", "content": CHECK_PROMPT},
             {"role": "user", "content": f"Question: {question}\n\nAnswer: {answer}"},
         ]
-        verdict_text = (await ctx.call_model(check, with_tools=False)).output or ""
+        verdict_text = (await ctx.call_model(check, with_tools=False, node="evaluate")).output or ""
     passed = verdict_text.strip().upper().startswith("PASS")
     return {"verdict": "pass" if passed else "fail", "critique": verdict_text.strip()}
 
 
+@traced_node("reflect")
 async def reflect(state: ReflexionState, runtime: Runtime[RunContext]) -> dict:
     """Write down what went wrong, remember it, and start the next attempt."""
     ctx = runtime.context
@@ -99,7 +105,8 @@ async def reflect(state: ReflexionState, runtime: Runtime[RunContext]) -> dict:
             f"{last_answer(state)}\n\nCheck: {state['critique']}",
         },
     ]
-    reflection = ((await ctx.call_model(prompt, with_tools=False)).output or "").strip()
+    step = await ctx.call_model(prompt, with_tools=False, node="reflect")
+    reflection = (step.output or "").strip()
     if ctx.memory is not None and reflection:
         await ctx.memory.add(
             ctx.user_id, ctx.task_kind, "reflection", reflection, source=state["question"]

@@ -3,16 +3,33 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, SystemMessage, ToolMessage
 
 from agents.events import ModelStep, StepEvent, ToolStep
 from agents.memory import LongTermMemory
 from agents.policy_client import PolicyClient
+from agents.tracing import model_span, traced_tool
 from tools.base import ToolResult
 from tools.registry import ToolRegistry
+
+
+@dataclass(frozen=True)
+class RunUpdate:
+    """What a run tells a live listener: its thread is held (`start`), a piece of a model's
+    text as it streams (`delta`), a finished model call (`model`), a finished tool call (`tool`)."""
+
+    kind: Literal["start", "delta", "model", "tool"]
+    node: str  # the graph node that made the call (model, tools, evaluate, reflect)
+    index: int  # the step's index in the trajectory
+    text: str = ""
+    step: StepEvent | None = None
+
+
+Emit = Callable[[RunUpdate], None]
 
 
 @dataclass
@@ -31,26 +48,45 @@ class RunContext:
     examples: list[dict[str, Any]] = field(default_factory=list)
     """A worked example shown after the system prompt (OpenAI-format messages)."""
     steps: list[StepEvent] = field(default_factory=list)
+    emit: Emit | None = None
+    """A live listener (the agent API's stream): text as it comes, each step as it ends."""
 
     async def call_model(
-        self, messages: list[dict[str, Any]], *, with_tools: bool = True
+        self, messages: list[dict[str, Any]], *, with_tools: bool = True, node: str = "model"
     ) -> ModelStep:
-        """One policy call, appended to the step log."""
+        """One policy call, appended to the step log (streamed to `emit` when there is one)."""
         specs = self.tools.specs() if with_tools else []
-        step = await self.policy.complete(messages, specs, arm=self.arm, index=len(self.steps))
+        index, emit = len(self.steps), self.emit
+        on_delta = None
+        if emit is not None:
+            on_delta = lambda text: emit(RunUpdate("delta", node, index, text))  # noqa: E731
+        with model_span(self.policy.model_for(self.arm), index):
+            step = await self.policy.complete(
+                messages, specs, arm=self.arm, index=index, on_delta=on_delta
+            )
         self.steps.append(step)
+        if emit is not None:
+            emit(RunUpdate("model", node, index, step=step))
         return step
 
     async def call_tool(
-        self, registry: ToolRegistry, name: str, arguments: str | dict, call_id: str
+        self,
+        registry: ToolRegistry,
+        name: str,
+        arguments: str | dict,
+        call_id: str,
+        node: str = "tools",
     ) -> ToolResult:
         """One sandboxed tool call, appended to the step log."""
-        result = await registry.call(name, arguments, call_id)
-        self.record_tool(result)
+        result = await traced_tool(registry, name, arguments, call_id)
+        self.record_tool(result, node)
         return result
 
-    def record_tool(self, result: ToolResult) -> None:
-        self.steps.append(tool_step(result, len(self.steps)))
+    def record_tool(self, result: ToolResult, node: str = "tools") -> None:
+        step = tool_step(result, len(self.steps))
+        self.steps.append(step)
+        if self.emit is not None:
+            self.emit(RunUpdate("tool", node, step.index, step=step))
 
 
 def tool_step(result: ToolResult, index: int) -> ToolStep:

@@ -21,7 +21,7 @@ from agents.memory import LongTermMemory
 from agents.policy_client import PolicyClient, PolicyConfig
 from agents.react import build_react, run_input
 from agents.reflexion import build_reflexion, reflexion_input
-from agents.run_context import RunContext, to_openai
+from agents.run_context import Emit, RunContext, RunUpdate, to_openai
 from agents.threads import ThreadLease, Threads
 from agents.trajectory_sink import Scrub, TrajectorySink
 from tools.base import Tool
@@ -53,6 +53,11 @@ class AgentSpec:
     input_filter: Callable[[str], str] | None = None
     """Applied to the user's message before it enters the graph: a PHI scrubber here means
     the model, the thread checkpoints and every log only ever see placeholders."""
+    disclaimer: str | None = None
+    """Shown with every answer of this agent (the chat page, the run's response)."""
+    escalate: Callable[[str, str], str | None] | None = None
+    """(user's message, answer) -> a notice the person must see (e.g. call emergency
+    services), decided by the pack's rules whatever the model wrote; None: nothing to add."""
 
     def public(self) -> dict[str, Any]:
         """What `GET /v1/agents` shows."""
@@ -62,6 +67,7 @@ class AgentSpec:
             "kind": self.kind,
             "tools": [t.name for t in self.tools],
             "task_kind": self.task_kind,
+            "disclaimer": self.disclaimer,
         }
 
 
@@ -166,13 +172,17 @@ class AgentRuntime:
         arm: str | None = None,
         trajectory_id: str | None = None,
         policy: PolicyClient | None = None,
+        emit: Emit | None = None,
     ) -> TrajectoryEvent:
         """Run `agent` on the thread, sink the trajectory, return it (unscrubbed).
 
         `arm` pins the policy for this run (`v3`, `candidate`) instead of the thread's arm:
         eval runs compare versions this way. `trajectory_id` is minted when not given (the
         agent API mints it first, so the run's log lines carry it). `policy` calls the model
-        for this run only (the eval gate's per-run sampling seed).
+        for this run only (the eval gate's per-run sampling seed). `emit` hears the run as
+        it goes: `start` once the thread is held, then text as it streams and each step as
+        it ends. A run cancelled midway (its client left) leaves its thread as it was and is
+        logged with status `cancelled`.
         """
         self.spec(agent)
         entry = self.agents[agent]
@@ -180,19 +190,25 @@ class AgentRuntime:
             text = await asyncio.to_thread(entry.spec.input_filter, text)
         lease = await self.threads.open(thread_id or new_id("th"), user_id, agent)
         ctx = self._context(entry, user_id, arm or lease.arm, policy or self.policy)
+        ctx.emit = emit
+        if emit is not None:
+            emit(RunUpdate("start", "", 0))
         started, start = time.time(), entry.start(text)
         config = self._config(entry, lease)
+        run = _RunRecord(entry, ctx, lease, text, started, metadata or {}, trajectory_id)
         try:
             state = await entry.graph.ainvoke(
                 start, config, context=ctx, durability=self.durability
             )
+        except asyncio.CancelledError:
+            await self._forget_failed_run(entry, config, start["messages"][0].id)
+            await asyncio.gather(self.sink.write(self._cancelled(run)), self._release(lease))
+            raise
         except BaseException:
             await self._forget_failed_run(entry, config, start["messages"][0].id)
             await self._release(lease)
             raise
-        event = self._trajectory(entry, ctx, state, lease, text, started, metadata or {})
-        if trajectory_id:
-            event = event.model_copy(update={"event_id": trajectory_id})
+        event = self._trajectory(run, state)
         # Independent round trips, overlapped: the XADD still lands before we answer.
         await asyncio.gather(self.sink.write(event), self._release(lease))
         return event
@@ -208,6 +224,22 @@ class AgentRuntime:
         start = entry.start(text)["messages"]
         wire = to_openai(start, entry.spec.system_prompt, list(entry.spec.examples))
         return await (policy or self.policy).complete(wire, entry.tools.specs(), arm=arm)
+
+    async def thread_messages(self, thread_id: str, user_id: str) -> tuple[dict, list] | None:
+        """(the thread's record, its messages) when `user_id` owns it; None otherwise, so a
+        caller cannot tell another user's thread from one that does not exist."""
+        record = await self.threads.record(thread_id)
+        if (
+            record is None
+            or record.get("user") != user_id
+            or record.get("agent") not in self.agents
+        ):
+            return None
+        if self.durability is None:  # no checkpointer: threads keep no messages
+            return record, []
+        graph = self.agents[record["agent"]].graph
+        snapshot = await graph.aget_state({"configurable": {"thread_id": thread_id}})
+        return record, list(snapshot.values.get("messages", []))
 
     def _context(self, entry: _Agent, user_id: str, arm: str, policy: PolicyClient) -> RunContext:
         spec = entry.spec
@@ -250,36 +282,51 @@ class AgentRuntime:
         except redis.RedisError:  # the lock expires by itself; keep the run's own error
             log.warning("could not release thread %s", lease.thread_id)
 
-    def _trajectory(
-        self,
-        entry: _Agent,
-        ctx: RunContext,
-        state: dict[str, Any],
-        lease: ThreadLease,
-        text: str,
-        started: float,
-        metadata: dict[str, str],
-    ) -> TrajectoryEvent:
-        model_steps = [s for s in ctx.steps if isinstance(s, ModelStep)]
-        version = model_steps[-1].policy_version if model_steps else ctx.policy.model_for(ctx.arm)
-        if entry.spec.kind == "reflexion":
-            attempts = entry.spec.max_attempts - state["attempts_left"]
+    def _trajectory(self, run: _RunRecord, state: dict[str, Any]) -> TrajectoryEvent:
+        metadata = run.metadata
+        if run.entry.spec.kind == "reflexion":
+            attempts = run.entry.spec.max_attempts - state["attempts_left"]
             metadata = metadata | {
                 "arloop.verdict": state["verdict"],
                 "arloop.attempts": str(attempts),
             }
+        return run.event(final_output(state), RunStatus(state["status"]), metadata)
+
+    @staticmethod
+    def _cancelled(run: _RunRecord) -> TrajectoryEvent:
+        """The partial run: the steps that finished, the last answer written (if any)."""
+        answers = [s.output for s in run.ctx.steps if isinstance(s, ModelStep) and s.output]
+        return run.event(answers[-1] if answers else "", RunStatus.CANCELLED, run.metadata)
+
+
+@dataclass
+class _RunRecord:
+    """What one run's trajectory is made of, whichever way it ends."""
+
+    entry: _Agent
+    ctx: RunContext
+    lease: ThreadLease
+    text: str
+    started: float
+    metadata: dict[str, str]
+    trajectory_id: str | None
+
+    def event(self, output: str, status: RunStatus, metadata: dict[str, str]) -> TrajectoryEvent:
+        ctx = self.ctx
+        model_steps = [s for s in ctx.steps if isinstance(s, ModelStep)]
+        version = model_steps[-1].policy_version if model_steps else ctx.policy.model_for(ctx.arm)
         return TrajectoryEvent(
-            event_id=new_id("traj"),
-            thread_id=lease.thread_id,
-            agent=entry.spec.name,
-            task_kind=entry.spec.task_kind,
+            event_id=self.trajectory_id or new_id("traj"),
+            thread_id=self.lease.thread_id,
+            agent=self.entry.spec.name,
+            task_kind=self.entry.spec.task_kind,
             user_id=ctx.user_id,
-            input=text,
-            output=final_output(state),
+            input=self.text,
+            output=output,
             policy_version=version,
             steps=list(ctx.steps),
-            status=RunStatus(state["status"]),
-            started_at=started,
+            status=status,
+            started_at=self.started,
             finished_at=time.time(),
             metadata=metadata,
         )

@@ -120,6 +120,11 @@ class Threads:
     async def release(self, lease: ThreadLease) -> None:
         await self._release(keys=[f"{self.key(lease.thread_id)}:lock"], args=[lease.token])
 
+    async def record(self, thread_id: str) -> dict[str, str] | None:
+        """The thread's record (user, agent, arm, created_at), None when there is none."""
+        values = await self.client.hgetall(self.key(thread_id))
+        return {_str(k): _str(v) for k, v in values.items()} or None
+
     async def arm(self, thread_id: str) -> str | None:
         value = await self.client.hget(self.key(thread_id), "arm")
         return _str(value) if value is not None else None

@@ -137,6 +137,19 @@ def eval_gate(
     raise typer.Exit(main("eval", version=version, against=against, apply=apply, as_json=as_json))
 
 
+@app.command("stress")
+def stress(
+    agent: str = typer.Option(None, "--agent", help="Only this agent (default: every served one)."),
+) -> None:
+    """Run the report card's stress cases (empty, very long and contradictory input; an
+    instruction planted in every tool output) through the served agents (ARLOOP_PACKS) against
+    the policy endpoint (ARLOOP_POLICY_API_BASE, ARLOOP_POLICY_MODEL); the runs go to
+    arloop:eval:trajectories (never trained on) and show on the report card."""
+    from deploy.stress import main
+
+    raise typer.Exit(main(agent))
+
+
 @app.command("demo")
 def demo(
     rounds: int = typer.Option(

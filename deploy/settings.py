@@ -49,6 +49,9 @@ class CommonSettings(BaseSettings):
     """Python logging level of the process (DEBUG, INFO, WARNING, ...)."""
     log_format: Literal["json", "text"] = "json"
     """Log lines as JSON objects (`json`, for collectors) or plain `text` for people."""
+    otlp_endpoint: str | None = None
+    """OTLP/HTTP traces endpoint (e.g. `http://127.0.0.1:4318/v1/traces`): spans around graph
+    nodes, tool and model calls go there (needs `arloop[otel]`); unset: none are exported."""
 
     @classmethod
     def settings_customise_sources(

@@ -8,7 +8,8 @@ Tables:
   meta          key -> JSON value (e.g. the running reward baseline, committed with the ledger)
 
 `settled` is NULL while an event may still be trained on, `trained` once it is in the ledger,
-else the reason it was let go (`silent`, `unknown_trajectory`, `late`, `untrainable`).
+else the reason it was let go (`silent`, `unknown_trajectory`, `late`, `untrainable`,
+`cancelled`: a run whose client left midway is settled as it arrives).
 """
 
 from __future__ import annotations
@@ -22,11 +23,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from agents.events import FeedbackEvent, TrajectoryEvent
+from agents.events import FeedbackEvent, RunStatus, TrajectoryEvent
 
 T = TypeVar("T")
 
 TRAINED = "trained"
+CANCELLED = "cancelled"  # a run its client left midway: stored, settled on arrival
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS trajectories (
@@ -284,9 +286,11 @@ class Store:
 
 def _insert(e: TrajectoryEvent | FeedbackEvent, now: float) -> tuple[str, tuple]:
     if isinstance(e, TrajectoryEvent):
+        # a run its client abandoned midway is kept, but settled at once: never trained on
+        settled = CANCELLED if e.status is RunStatus.CANCELLED else None
         return (
-            "INSERT OR IGNORE INTO trajectories VALUES (?,?,?,?,NULL,?)",
-            (e.event_id, e.user_id, e.finished_at, now, e.model_dump_json()),
+            "INSERT OR IGNORE INTO trajectories VALUES (?,?,?,?,?,?)",
+            (e.event_id, e.user_id, e.finished_at, now, settled, e.model_dump_json()),
         )
     return (
         "INSERT OR IGNORE INTO feedback VALUES (?,?,?,?,NULL,?)",

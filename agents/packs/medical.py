@@ -25,6 +25,7 @@ from tools.verifiers import (
     DISCLAIMER,
     TriageCheck,
     mentioned_level,
+    red_flags,
     triage_level,
     verify_triage,
 )
@@ -84,7 +85,25 @@ def triage() -> AgentSpec:
         max_attempts=2,
         examples=EXAMPLE,
         input_filter=scrub_input,
+        disclaimer=DISCLAIMER,
+        escalate=escalation,
     )
+
+
+EMERGENCY = (
+    "Possible emergency: call emergency services now (999 in the UK, 911 in the US, 112 in "
+    "the EU), or go to the nearest emergency department."
+)
+URGENT = "Urgent: get medical help today (NHS 111, an urgent care centre or your doctor)."
+
+
+def escalation(message: str, answer: str) -> str | None:
+    """What the person must see, by the pack's rules: a red flag in their message is an
+    emergency whatever the answer says; else the answer's own urgent or emergency level."""
+    level = triage_level(answer)
+    if red_flags(message) or level == "emergency":
+        return EMERGENCY
+    return URGENT if level == "urgent" else None
 
 
 def task(c: Case) -> Task:

@@ -1,7 +1,9 @@
 """The agent API: `create_app(settings)` builds the FastAPI app; `serve()` runs it with uvicorn.
 
-Endpoints: `GET /v1/agents`, `POST /v1/agents/{agent}/runs`, `POST /v1/feedback` (all with
-`Authorization: Bearer <key>`), `GET /healthz`, `GET /metrics`.
+Endpoints here: `GET /v1/agents`, `POST /v1/agents/{agent}/runs`, `POST /v1/feedback` (all
+with `Authorization: Bearer <key>`), `GET /healthz`, `GET /metrics`; the others come from
+their modules' routers: `streaming` (the run as Server-Sent Events), `history` (threads,
+feedback pages and export), `pages` (the chat page, the dashboard, the report card).
 """
 
 from __future__ import annotations
@@ -13,36 +15,43 @@ import random
 from contextlib import asynccontextmanager
 
 from fastapi import APIRouter, FastAPI, Response
+from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from agents.errors import ArloopError
 from agents.events import FeedbackKind, new_id
 from agents.feedback_intake import FeedbackSubmission
-from agents.feedback_tokens import issue
 from agents.policy_client import warm_up
 from agents.runtime import AgentSpec
 from agents.trajectory_sink import Scrub
 from deploy.agent_api.deps import ApiKey, ServicesDep
 from deploy.agent_api.errors import install_error_handlers
+from deploy.agent_api.history import router as history_router
 from deploy.agent_api.limits import BodySizeLimit
 from deploy.agent_api.metrics import ApiMetrics
+from deploy.agent_api.pages import STATIC_DIR
+from deploy.agent_api.pages import router as pages_router
+from deploy.agent_api.runs import admit, answer
 from deploy.agent_api.schemas import (
     AgentList,
     FeedbackAccepted,
     FeedbackRequest,
     RunRequest,
     RunResponse,
+    errors,
 )
 from deploy.agent_api.services import open_services, phi_scrubber
+from deploy.agent_api.streaming import router as streaming_router
 from deploy.embedded_redis import ensure_redis
 from deploy.logs import bind, setup_logging
 from deploy.settings import AgentApiSettings
+from deploy.telemetry import setup_tracing
 
 log = logging.getLogger(__name__)
 router = APIRouter()
 
 
-@router.get("/healthz")
+@router.get("/healthz", responses=errors(503))
 async def healthz(services: ServicesDep) -> dict[str, str]:
     """200 when Redis answers; 503 with the reason when it does not."""
     await services.redis.ping()
@@ -54,59 +63,34 @@ async def metrics(services: ServicesDep) -> Response:
     return Response(services.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
 
-@router.get("/v1/agents", response_model=AgentList)
+@router.get("/v1/agents", response_model=AgentList, responses=errors(401, 503))
 async def list_agents(services: ServicesDep, _: ApiKey) -> AgentList:
     """The agents this service runs."""
     return AgentList(agents=[a.spec.public() for a in services.runtime.agents.values()])
 
 
-@router.post("/v1/agents/{agent}/runs", response_model=RunResponse)
+@router.post(
+    "/v1/agents/{agent}/runs",
+    response_model=RunResponse,
+    responses=errors(401, 403, 404, 409, 413, 429, 502, 503, 504),
+)
 async def run_agent(agent: str, body: RunRequest, services: ServicesDep, _: ApiKey) -> RunResponse:
     """Run an agent on a new or existing thread; the answer carries a feedback token."""
-    settings = services.settings
     trajectory_id = new_id("traj")
     bind(trace=trajectory_id)
-    services.runtime.spec(agent)
-    if len(body.input) > settings.max_input_chars:
-        raise ArloopError(
-            413,
-            f"input has {len(body.input)} characters; the limit is "
-            f"{settings.max_input_chars} (ARLOOP_MAX_INPUT_CHARS)",
-        )
-    await services.limiter.hit("runs", body.user_id, settings.run_rate_per_minute)
+    await admit(services, agent, body)
     event = await services.runtime.run(
         agent, body.input, body.user_id, body.thread_id, body.metadata, trajectory_id=trajectory_id
     )
-    bind(version=event.policy_version)
-    services.metrics.observe_run(event)
-    log.info(  # ids and counts only: input and output are user text
-        "run of %s on thread %s: %s, %d model and %d tool calls, %.0f ms",
-        agent,
-        event.thread_id,
-        event.status.value,
-        len(event.model_steps),
-        len(event.tool_steps),
-        (event.finished_at - event.started_at) * 1000,
-    )
-    token = issue(
-        settings.secret_key,
-        event.trajectory_id,
-        event.user_id,
-        event.policy_version,
-        settings.feedback_token_ttl_s,
-    )
-    return RunResponse(
-        trajectory_id=event.trajectory_id,
-        thread_id=event.thread_id,
-        output=event.output,
-        policy_version=event.policy_version,
-        feedback_token=token,
-        status=event.status.value,
-        tools=[s.name for s in event.tool_steps if s.name in services.runtime.agents[agent].tools],
-    )
+    return answer(services, agent, event)
 
 
-@router.post("/v1/feedback", status_code=202, response_model=FeedbackAccepted)
+@router.post(
+    "/v1/feedback",
+    status_code=202,
+    response_model=FeedbackAccepted,
+    responses=errors(401, 403, 409, 413, 422, 429, 503),
+)
 async def feedback(body: FeedbackRequest, services: ServicesDep, _: ApiKey) -> FeedbackAccepted:
     """Accept feedback on a trajectory, with the token its run returned."""
     bind(trace=body.trajectory_id)
@@ -146,11 +130,14 @@ def create_app(
         app.state.services = services
         yield
         await services.redis.aclose()
+        services.reader.close()
 
     app = FastAPI(title="arloop agent API", version="1", lifespan=lifespan)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     install_error_handlers(app)
-    app.include_router(router)
+    for routes in (router, streaming_router, history_router, pages_router):
+        app.include_router(routes)
+    app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
     return app
 
 
@@ -169,6 +156,7 @@ def serve() -> None:
 
     settings = AgentApiSettings()
     setup_logging("agent_api", settings.log_level, settings.log_format)
+    setup_tracing("agent_api", settings.otlp_endpoint)
     url = ensure_redis(settings.redis_url, settings.data_dir)
     app = create_app(settings.model_copy(update={"redis_url": url}))
     # uvloop + httptools roughly doubled an ingest endpoint's rate here; both are optional.

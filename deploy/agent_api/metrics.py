@@ -31,6 +31,12 @@ class ApiMetrics:
             "arloop_feedback", "Feedback submissions.", ["kind", "outcome"], registry=r
         )
         self.errors = Counter("arloop_http_errors", "Error answers.", ["status"], registry=r)
+        self.streams = Counter(
+            "arloop_run_streams",
+            "Streamed runs by how they ended: completed, error, cancelled (client left).",
+            ["outcome"],
+            registry=r,
+        )
 
     def observe_run(self, event: TrajectoryEvent) -> None:
         self.runs.labels(event.agent, event.status.value).inc()

@@ -51,6 +51,12 @@ class RunResponse(BaseModel):
     tools: list[str] = Field(
         default_factory=list, description="The tools the run called, in order."
     )
+    disclaimer: str | None = Field(None, description="The agent's disclaimer, shown with answers.")
+    escalation: str | None = Field(
+        None,
+        description="A notice the pack's rules raise whatever the model wrote (e.g. call "
+        "emergency services now); show it prominently.",
+    )
 
 
 class FeedbackRequest(_Body):
@@ -71,3 +77,73 @@ class FeedbackAccepted(BaseModel):
 
 class AgentList(BaseModel):
     agents: list[dict[str, Any]]
+
+
+class ErrorBody(BaseModel):
+    """Every error answer: what was wrong and what to do."""
+
+    detail: str
+
+
+def errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses` for the error statuses a route can answer."""
+    return {s: {"model": ErrorBody, "description": ERROR_MEANINGS[s]} for s in statuses}
+
+
+ERROR_MEANINGS = {
+    401: "Missing or unknown API key (`Authorization: Bearer <key>`), or an invalid "
+    "feedback token.",
+    403: "The thread or token belongs to another user.",
+    404: "No such agent, or no such thread for this user.",
+    409: "The thread is busy or belongs to another agent; feedback already given.",
+    413: "The request body or the input is over its limit.",
+    422: "A parameter or body field is invalid; the detail names it.",
+    429: "Over the per-user rate limit; `Retry-After` says when to retry.",
+    502: "The policy endpoint failed.",
+    503: "Redis is unavailable; retry shortly.",
+    504: "The policy endpoint timed out.",
+}
+
+
+class ThreadMessage(BaseModel):
+    """One message of a thread, as the model saw it."""
+
+    role: str = Field(description="user, assistant or tool")
+    content: str
+    tool_calls: list[dict[str, Any]] = Field(default_factory=list)
+    tool_call_id: str | None = None
+
+
+class ThreadView(BaseModel):
+    """`GET /v1/threads/{thread_id}`."""
+
+    thread_id: str
+    agent: str
+    user_id: str
+    created_at: float | None = None
+    messages: list[ThreadMessage]
+
+
+class FeedbackItem(BaseModel):
+    """One accepted piece of feedback, as the feedback stream holds it."""
+
+    cursor: str = Field(description="Its stream entry id: pass it as `cursor` to read on.")
+    event_id: str
+    trajectory_id: str
+    agent: str | None
+    user_id: str
+    kind: str
+    value: float | None
+    text: str | None
+    policy_version: str
+    turn: int | None
+    created_at: float
+
+
+class FeedbackPage(BaseModel):
+    """`GET /v1/feedback`: a bounded page, oldest first."""
+
+    items: list[FeedbackItem]
+    next_cursor: str | None = Field(
+        description="Read on from here (`cursor=`); null when the stream's end was reached."
+    )

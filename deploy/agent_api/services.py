@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+import redis
 import redis.asyncio as aioredis
 
 from agents.feedback_intake import FeedbackIntake
@@ -12,6 +14,7 @@ from agents.runtime import AgentRuntime, AgentSpec
 from agents.trajectory_sink import Scrub
 from deploy.agent_api.limits import RateLimiter
 from deploy.agent_api.metrics import ApiMetrics
+from deploy.agent_api.traffic import Tally
 from deploy.settings import AgentApiSettings
 
 
@@ -25,6 +28,12 @@ class Services:
     intake: FeedbackIntake
     limiter: RateLimiter
     metrics: ApiMetrics
+    reader: redis.Redis | None = None
+    """A blocking client for the dashboard's reads (run in a worker thread)."""
+    tally: Tally = field(default_factory=Tally)
+    """Live traffic and report-card counts, read from the streams as the dashboard polls."""
+    background: set[asyncio.Task] = field(default_factory=set)
+    """Streamed runs in flight, held so a run whose client left still ends (and is logged)."""
 
 
 def open_services(
@@ -54,7 +63,8 @@ def open_services(
         durability=settings.checkpoint_durability,
     )
     intake = FeedbackIntake(client, settings.secret_key, settings.feedback_rate_per_minute, scrub)
-    return Services(settings, client, runtime, intake, RateLimiter(client), metrics)
+    reader = redis.Redis.from_url(redis_url, socket_timeout=settings.redis_timeout_s)
+    return Services(settings, client, runtime, intake, RateLimiter(client), metrics, reader)
 
 
 def phi_scrubber(settings: AgentApiSettings) -> Scrub | None:

@@ -54,6 +54,7 @@ class Stack:
     procs: list[Proc] = field(default_factory=list)
     policy_port: int = field(default_factory=free_port)
     agents_port: int = field(default_factory=free_port)
+    learn_metrics_port: int = field(default_factory=free_port)
 
     @property
     def logs(self) -> Path:
@@ -88,6 +89,8 @@ class Stack:
         }
         for name, args in commands.items():
             extra = {"ARLOOP_PORT": str(ports[name])} if name in ports else {}
+            if name == "learn":
+                extra = {"ARLOOP_METRICS_PORT": str(self.learn_metrics_port)}
             self._spawn(name, args, base | extra | self.env.get(name, {}))
 
     def _spawn(self, name: str, args: list[str], env: dict[str, str]) -> None:

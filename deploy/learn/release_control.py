@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 from rich.console import Console
 
@@ -66,6 +67,8 @@ class ReleaseControl:
         )
         self.canary = settings.canary
         self.last: str | None = None
+        self.on_canary: Callable[[canary.CanaryCheck | None], None] = lambda check: None
+        """Hears each canary check (the learner's telemetry publishes it for the dashboard)."""
         self._next_check = 0.0
         self._retry_at = 0.0
 
@@ -84,7 +87,9 @@ class ReleaseControl:
         self._next_check = now + self.canary.check_s
         if self.canary_active():
             self._check_canary()
-        elif now >= self._retry_at:
+            return
+        self.on_canary(None)
+        if now >= self._retry_at:
             pending = self.pending()
             if pending:
                 self._gate(pending)
@@ -122,6 +127,7 @@ class ReleaseControl:
     def _check_canary(self) -> None:
         try:
             status = canary.check(self.store, self.registry, self.canary)
+            self.on_canary(status)
             if status is None:
                 return
             if status.action == canary.CONTINUE:

@@ -25,6 +25,7 @@ from rich.table import Table
 from agents.packs import PackNotFound, get_pack
 from agents.packs.base import Pack
 from deploy.embedded_redis import RedisUnavailable, ensure_redis
+from deploy.learn.metrics import LearnerTelemetry, serve_metrics
 from deploy.learn.settings import LearnerSettings
 from learner.labels import Grounding
 from learner.policy.chat_format import ToolFormat, resolve_tool_format
@@ -149,6 +150,7 @@ class Learner:
             count=settings.read_count,
         )
         self.plan = round_plan(settings)
+        self.telemetry = LearnerTelemetry(self.redis, settings.consumer, settings.status_interval_s)
         self.release = None
         if settings.eval_packs:
             from deploy.learn.release_control import ReleaseControl
@@ -160,6 +162,7 @@ class Learner:
                 )
             except SuiteMissing as exc:
                 raise LearnerConfigError(f"{exc}; fix ARLOOP_EVAL_PACKS") from exc
+            self.release.on_canary = self.telemetry.canary_checked
         self.stopping = threading.Event()
         self.last: RoundResult | None = None
         self.last_error: str | None = None
@@ -211,7 +214,9 @@ class Learner:
                 if caught_up and (once or self.round_due()):
                     ok = self._round()
                     if once:
+                        self._publish_status()
                         return 0 if ok else 1
+                self._publish_status()
                 if live is not None:
                     self._refresh(live)
         self.console.print("learner stopped")
@@ -262,21 +267,34 @@ class Learner:
             self.console.print(str(exc))
             return False
         except Exception as exc:  # noqa: BLE001 - reported; the episodes stay trainable
+            self.telemetry.metrics.rounds.labels("failed").inc()
             self.last_error = f"round failed: {exc}"
             self.console.print(f"[red]{self.last_error}[/]")
             log.exception("round failed")
             self._retry_at = time.monotonic() + min(self.s.round_interval_s, 60.0)
             return False
         if result is None:
+            self.telemetry.metrics.rounds.labels("none").inc()
             self.console.print("nothing trainable: no round")
             return True
         self.last = result
+        self.telemetry.round_done(result.version, result.metrics, result.seconds)
         self.console.print(summary_line(result))
         if result.published.conflict:
             self.console.print(f"[yellow]{result.published.conflict}[/]")
         if self.release is not None:
             self.release.after_round(result.version)
         return True
+
+    def _publish_status(self) -> None:
+        """The metrics' stream figures and the dashboard's status key, when due."""
+        self.telemetry.error = self.last_error
+        if self.release is not None:
+            self.telemetry.release = self.release.last
+        try:
+            self.telemetry.refresh(force=False)
+        except redis.RedisError as exc:
+            self.last_error = f"redis: {exc}"
 
     # -- display ---------------------------------------------------------------------------
 
@@ -357,18 +375,36 @@ def main(once: bool = False) -> int:
     from pydantic_settings import SettingsError
 
     from deploy.logs import setup_logging
+    from deploy.telemetry import setup_tracing
     from learner.policy.models import ModelNotFound
 
     console = Console(soft_wrap=True)  # one line per round, also in a log file
     try:
         settings = LearnerSettings()
         setup_logging("learner", settings.log_level, settings.log_format)
-        return Learner(settings, console).run(once=once)
+        setup_tracing("learner", settings.otlp_endpoint)  # the gate's eval runs
+        learner = Learner(settings, console)
+        if settings.metrics_port and not once:
+            _serve_metrics(learner, settings, console)
+        return learner.run(once=once)
     except (ValidationError, SettingsError) as exc:
         console.print(f"[red]arloop learn: invalid ARLOOP_* setting:[/]\n{escape(str(exc))}")
     except (RedisUnavailable, ModelNotFound, LearnerConfigError) as exc:
         console.print(f"[red]arloop learn:[/] {exc}")
     return 2
+
+
+def _serve_metrics(learner: Learner, settings: LearnerSettings, console: Console) -> None:
+    where = f"{settings.metrics_host}:{settings.metrics_port}"
+    try:
+        serve_metrics(learner.telemetry, settings.metrics_host, settings.metrics_port)
+    except OSError as exc:
+        console.print(
+            f"[yellow]learner /metrics not served: {where}: {exc}; set ARLOOP_METRICS_PORT "
+            "(0: none)[/]"
+        )
+        return
+    console.print(f"metrics on http://{where}/metrics")
 
 
 if __name__ == "__main__":

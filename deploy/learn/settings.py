@@ -77,6 +77,13 @@ class LearnerSettings(ModelSettings, PolicyEndpointSettings):
     """How long a read waits for new entries when the streams are idle."""
     trim_interval_s: float = 60.0
     """How often the streams are trimmed below what every consumer group has acknowledged."""
+    metrics_host: str = "127.0.0.1"
+    """Interface of the learner's `/metrics` and `/healthz`."""
+    metrics_port: int = Field(8002, ge=0, le=65535)
+    """Port of the learner's `/metrics` (Prometheus) and `/healthz`; 0: not served. Taken by
+    another process: the learner runs on and says so (`--once` never serves them)."""
+    status_interval_s: float = Field(2.0, gt=0.0)
+    """How often the stream figures are refreshed (gauges, and the status the dashboard reads)."""
 
     # -- release control: eval gate, guards, off-policy estimate, canary --------------------
     eval_packs: list[str] = Field(default_factory=list)

@@ -31,7 +31,7 @@ from learner.gate.draws import draw_seed, sample_seed, stratified_order
 from learner.gate.eval_gate import GateConfig, GateReport, SuiteRun, decide, refuse
 from learner.gate.guards import GuardConfig
 from learner.gate.sequential import SequentialResult, sequential_test
-from learner.gate.stats import paired_comparison
+from learner.gate.stats import paired_comparison, paired_intervals
 from learner.policy.registry import CHAMPION, PolicyRegistry
 from learner.store import Store
 
@@ -230,7 +230,7 @@ class GateRunner:
         cmp = paired_comparison(
             [int(o.solved) for o in whole[champion]], [int(o.solved) for o in whole[version]]
         )
-        out["comparison"] = dataclasses.asdict(cmp)
+        out["comparison"] = dataclasses.asdict(cmp) | paired_intervals(cmp)
         quick = [i for i, item in enumerate(chosen) if item.pack.first_turn is not None]
         if quick:
             agree = 0

@@ -26,6 +26,7 @@ from starlette.background import BackgroundTask
 
 from agents.errors import ArloopError
 from deploy.logs import bind, setup_logging
+from deploy.policy_server.heartbeat import Heartbeat
 from deploy.policy_server.metrics import PolicyMetrics
 from deploy.policy_server.openai_wire import (
     ChatRequest,
@@ -73,6 +74,8 @@ def create_app(
         threads = torch.get_num_threads()
         if settings.threads:
             torch.set_num_threads(settings.threads)  # process-wide: restored at shutdown
+        url = f"http://{settings.host}:{settings.port}/v1"
+        heartbeat = Heartbeat(redis_client, url, ttl_s=3 * settings.reload_poll_s + 5)
         versions = VersionManager(
             redis_client,
             base_model=settings.base_model,
@@ -83,6 +86,7 @@ def create_app(
             context_length=settings.context_length,
             metrics=metrics,
             loader=loader,
+            on_beat=_beat_safely(heartbeat),
         )
         await asyncio.to_thread(versions.start)
         engine = GenerationEngine(
@@ -98,6 +102,7 @@ def create_app(
         finally:
             engine.stop()
             versions.stop()
+            heartbeat.stop()
             torch.set_num_threads(threads)
 
     app = FastAPI(title="arloop policy server", lifespan=lifespan)
@@ -163,8 +168,25 @@ async def list_models(request: Request) -> dict[str, Any]:
 
 
 async def healthz(request: Request) -> dict[str, Any]:
+    """What this process serves: aliases, loaded versions, and each one's checkpoint digest."""
     st: ServerState = request.app.state.policy
-    return {"status": "ok", "serving": st.versions.serving(), "loaded": st.versions.loaded()}
+    versions = st.versions
+    return {
+        "status": "ok",
+        "serving": versions.serving(),
+        "loaded": versions.loaded(),
+        "digests": versions.digests(),
+    }
+
+
+def _beat_safely(heartbeat: Heartbeat):
+    def beat(serving: dict[str, str], digests: dict[str, str]) -> None:
+        try:
+            heartbeat.beat(serving, digests)
+        except redis.RedisError as exc:  # serving goes on; the key expires, the dashboard sees it
+            log.warning("heartbeat not written: %s", exc)
+
+    return beat
 
 
 async def metrics_text(request: Request) -> PlainTextResponse:

@@ -19,6 +19,7 @@ from typing import Any
 import redis
 
 from agents.events import POLICY_CHANNEL
+from deploy.policy_server.heartbeat import checkpoint_digest
 from deploy.policy_server.metrics import PolicyMetrics
 from learner.policy.models import load_version
 from learner.policy.registry import (
@@ -71,6 +72,7 @@ class VersionManager:
         context_length: int | None = None,
         metrics: PolicyMetrics | None = None,
         loader: Loader | None = None,
+        on_beat: Callable[[dict[str, str], dict[str, str]], None] | None = None,
     ) -> None:
         self.client, self.registry = client, PolicyRegistry(client)
         self.base_model, self.device, self.max_loaded = base_model, device, max_loaded
@@ -81,6 +83,9 @@ class VersionManager:
         )
         self._loaded: dict[str, LoadedPolicy] = {}
         self._aliases: dict[str, str] = {}
+        self._digests: dict[str, str] = {}  # version -> digest of the checkpoint it loaded
+        self.on_beat = on_beat
+        """Hears (aliases served, digest per loaded version) after every sync: the heartbeat."""
         self._failed: set[str] = set()
         self._in_memory: set[int] = set()  # ids of policies whose weights are held, retired too
         self._lock = threading.RLock()
@@ -100,6 +105,7 @@ class VersionManager:
             if policy is None:
                 raise RuntimeError(f"the base model {self.base_model!r} does not load either")
             self._switch(CHAMPION, BASE_VERSION)
+        self._beat()
         self._follower.start()
 
     def stop(self) -> None:
@@ -155,6 +161,15 @@ class VersionManager:
         with self._lock:
             return [v for v, p in self._loaded.items() if not p.retired]
 
+    def digests(self) -> dict[str, str]:
+        """Version -> digest of the checkpoint in memory (`heartbeat.checkpoint_digest`)."""
+        with self._lock:
+            return {v: self._digests[v] for v in self._loaded if v in self._digests}
+
+    def _beat(self) -> None:
+        if self.on_beat is not None:
+            self.on_beat(self.serving(), self.digests())
+
     # -- following the registry ------------------------------------------------------------
 
     def sync(self) -> None:
@@ -180,6 +195,7 @@ class VersionManager:
                     pass
                 if not self._stop.is_set():
                     self.sync()
+                    self._beat()
             except redis.RedisError as exc:
                 log.warning("registry unreachable (%s); retrying", exc)
                 pubsub = None
@@ -222,12 +238,14 @@ class VersionManager:
                 raise RuntimeError(f"marked broken in the registry: {record.error}")
             started = time.monotonic()
             model, tokenizer = self.loader(record)
+            digest = checkpoint_digest(record)
         except Exception as exc:  # noqa: BLE001 - any bad checkpoint must leave serving as it was
             self._mark_broken(version, exc)
             return None
         policy = LoadedPolicy(version, model, tokenizer, self._context(model), on_demand=on_demand)
         with self._lock:
             self._loaded[version] = policy
+            self._digests[version] = digest
             self._in_memory.add(id(policy))
             self._evict_on_demand()
             self.metrics.loaded_versions.set(len(self._in_memory))

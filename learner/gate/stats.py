@@ -41,6 +41,18 @@ def _binom_sf(k: int, n: int) -> float:
     return sum(math.comb(n, i) for i in range(k, n + 1)) / 2**n
 
 
+def paired_intervals(cmp: PairedComparison) -> dict[str, object]:
+    """Each side's solved count and Wilson 95% interval (the dashboard shows them)."""
+    champion = round(cmp.champion_rate * cmp.n)
+    candidate = round(cmp.candidate_rate * cmp.n)
+    return {
+        "champion_solved": champion,
+        "candidate_solved": candidate,
+        "champion_ci": list(wilson(champion, cmp.n)),
+        "candidate_ci": list(wilson(candidate, cmp.n)),
+    }
+
+
 def wilson(successes: int, n: int, z: float = 1.959964) -> tuple[float, float]:
     """Wilson score interval of a proportion."""
     if n == 0:

@@ -26,11 +26,13 @@ from agents.events import (
     POLICY_ALIASES,
     POLICY_CHANNEL,
     POLICY_PREFIX,
+    POLICY_VERSIONS,
     STREAM_POLICY,
     PolicyAliasMoved,
     PolicyPublished,
     decode,
     new_id,
+    policy_version_key,
 )
 from learner.policy.lifecycle import (
     ALIAS_STATUS,
@@ -80,7 +82,7 @@ class PolicyRegistry:
         self._write = client.register_script(WRITE_SCRIPT)
 
     def _key(self, version: str) -> str:
-        return f"{POLICY_PREFIX}:v:{version}"
+        return policy_version_key(version)
 
     def next_version(self) -> str:
         return version_name(self.r.incr(f"{POLICY_PREFIX}:seq"))
@@ -97,7 +99,7 @@ class PolicyRegistry:
         return bool(self.r.exists(self._key(version)))
 
     def versions(self) -> list[PolicyVersion]:
-        names = [v.decode() for v in self.r.zrange(f"{POLICY_PREFIX}:versions", 0, -1)]
+        names = [v.decode() for v in self.r.zrange(POLICY_VERSIONS, 0, -1)]
         return [self.get(v) for v in names]
 
     def aliases(self) -> dict[str, str]:
@@ -224,8 +226,7 @@ class PolicyRegistry:
         keys = {v: i + 4 for i, v in enumerate(dict.fromkeys(names))}  # KEYS[4..] in Lua
         write = write_spec(keys, create, aliases, statuses, events)
         reply = self._write(
-            keys=[POLICY_ALIASES, STREAM_POLICY, f"{POLICY_PREFIX}:versions"]
-            + [self._key(v) for v in keys],
+            keys=[POLICY_ALIASES, STREAM_POLICY, POLICY_VERSIONS] + [self._key(v) for v in keys],
             args=[json.dumps(write), RULES, POLICY_CHANNEL],
         )
         return check_reply(*[x.decode() if isinstance(x, bytes) else x for x in reply])

@@ -2,7 +2,10 @@
 
 Answers come from a queue of `Reply`s (then from an optional responder function), each with
 token ids, per-token logprobs and a `system_fingerprint`, the way arloop's policy server and
-vLLM (`return_token_ids`) answer. Every request and response is kept for assertions.
+vLLM (`return_token_ids`) answer. Every request and response is kept for assertions. A
+request with `stream: true` gets the same answer as server-sent chunks, one per token (as the
+policy server sends them: prompt token ids first, token ids and logprobs per chunk, tool
+calls whole at the end).
 
 Run alone (benchmarks): `python -m tests.fakes.scripted_llm --port 8101 --tool-steps 3`.
 """
@@ -22,7 +25,7 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
 DEFAULT_FINGERPRINT = "fake-v0"
@@ -38,6 +41,8 @@ class Reply:
     status: int = 200
     delay_s: float = 0.0
     token_info: bool = True  # False: no token ids or logprobs, like most hosted providers
+    chunk_delay_s: float = 0.0  # streamed: the pause before each token's chunk
+    break_after: int | None = None  # streamed: drop the connection after this many tokens
 
 
 def token_ids(text: str) -> list[int]:
@@ -95,7 +100,44 @@ class ScriptedLLM:
             return JSONResponse({"error": {"message": "scripted failure"}}, reply.status)
         body = self.render(request, reply)
         self.responses.append(body)
+        if request.get("stream"):
+            return StreamingResponse(self._chunks(body, reply), media_type="text/event-stream")
         return JSONResponse(body)
+
+    async def _chunks(self, body: dict[str, Any], reply: Reply):
+        """The body as `chat.completion.chunk` events; `reply` paces or breaks the stream."""
+        base = {k: body[k] for k in ("id", "created", "model") if k in body}
+        base |= {"object": "chat.completion.chunk"}
+        if "system_fingerprint" in body:
+            base["system_fingerprint"] = body["system_fingerprint"]
+        choice = body["choices"][0]
+        first = {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
+        extra = {"prompt_token_ids": body["prompt_token_ids"]} if "prompt_token_ids" in body else {}
+        yield _sse(base | {"choices": [first]} | extra)
+        text = choice["message"]["content"] or ""
+        pieces = re.findall(r"\S+|\s", text)
+        ids = choice.get("token_ids") or []
+        for n, piece in enumerate(pieces):
+            if reply.break_after is not None and n >= reply.break_after:
+                raise ConnectionError("scripted: the stream breaks here")
+            if reply.chunk_delay_s:
+                await asyncio.sleep(reply.chunk_delay_s)
+            delta: dict[str, Any] = {"index": 0, "delta": {"content": piece}, "finish_reason": None}
+            if n < len(ids):
+                delta["token_ids"] = [ids[n]]
+                delta["logprobs"] = {"content": [choice["logprobs"]["content"][n]]}
+            yield _sse(base | {"choices": [delta]})
+        if len(ids) > len(pieces):  # a call's tokens: no visible text, still logged
+            rest = {"index": 0, "delta": {}, "finish_reason": None, "token_ids": ids[len(pieces) :]}
+            rest["logprobs"] = {"content": choice["logprobs"]["content"][len(pieces) :]}
+            yield _sse(base | {"choices": [rest]})
+        calls = choice["message"].get("tool_calls") or []
+        if calls:
+            deltas = [{"index": k, **c} for k, c in enumerate(calls)]
+            yield _sse(base | {"choices": [{"index": 0, "delta": {"tool_calls": deltas}}]})
+        end = {"index": 0, "delta": {}, "finish_reason": choice["finish_reason"]}
+        yield _sse(base | {"choices": [end]})
+        yield "data: [DONE]\n\n"
 
     def render(self, request: dict[str, Any], reply: Reply) -> dict[str, Any]:
         """The chat.completion body for one scripted reply."""
@@ -146,6 +188,10 @@ class ScriptedLLM:
         if fingerprint:
             body["system_fingerprint"] = fingerprint
         return body
+
+
+def _sse(payload: dict[str, Any]) -> str:
+    return f"data: {json.dumps(payload)}\n\n"
 
 
 def tool_loop_responder(tool: str, arguments: str, steps: int) -> Callable[[dict], Reply]:

@@ -1,38 +1,28 @@
 """`arloop demo --quick`: the whole loop on the tiny model, one round, real processes.
 
-After the demo has stopped its stack, its Redis is started again on the demo's data directory
-(append-only file) and every figure of the report is recomputed from what is there.
+The demo runs once per session (`quick_demo` in tests/deploy/conftest.py); after it has stopped
+its stack, its Redis is started again on the demo's data directory (append-only file) and every
+figure of the report is recomputed from what is there.
 """
 
-import io
 import json
 import random
 from collections import Counter
 
 import pytest
-import redis
-from rich.console import Console
 
 from agents.events import STREAM_EVAL_TRAJECTORIES, STREAM_FEEDBACK, STREAM_TRAJECTORIES, decode
 from agents.packs.tutoring import tutoring_pack
 from deploy.demo.report import headline
 from deploy.demo.rounds import round_tasks
-from deploy.demo.run import DemoOptions, main, quick, run_demo
-from deploy.embedded_redis import start_redis
+from deploy.demo.run import DemoOptions, main
 from learner.policy.registry import CHAMPION, PolicyRegistry
 
 
-@pytest.fixture(scope="module")
-def demo(tmp_path_factory):
-    root = tmp_path_factory.mktemp("demo")
-    opts = quick(DemoOptions(report_dir=root / "reports", data_dir=root / "data", seed=3))
-    out = io.StringIO()
-    report, folder = run_demo(opts, Console(file=out, width=160))
-    server = start_redis(root / "data" / "redis")
-    client = redis.Redis.from_url(server.url)
-    yield report, folder, client, out.getvalue()
-    client.close()
-    server.stop()
+@pytest.fixture
+def demo(quick_demo):
+    """The session's one quick demo run (tests/deploy/conftest.py)."""
+    return quick_demo
 
 
 def events(client, stream):

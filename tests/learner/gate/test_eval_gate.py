@@ -20,6 +20,7 @@ from learner.gate.eval_gate import (
 from learner.gate.guards import GuardEvidence
 from learner.gate.ope import snis
 from learner.gate.sequential import IMPROVED, sequential_test
+from learner.gate.stats import paired_comparison, paired_intervals, wilson
 
 HEALTHY = GuardEvidence(
     kl=0.05, candidate_entropy=0.8, reference_entropy=1.0, divergence_tokens=300, clip_ratio=0.01
@@ -146,3 +147,11 @@ def test_refusal_never_passes():
     report = refuse("v1", "v0", "eval_suite", "pack 'quiz' has an empty eval suite")
     assert report.verdict == ERROR and not report.passed and report.failed == ["eval_suite"]
     assert "empty eval suite" in report.summary()
+
+
+def test_each_sides_whole_run_success_comes_with_its_wilson_interval():
+    cmp = paired_comparison([1] * 15 + [0] * 5, [1] * 16 + [0] * 4)
+    c = paired_intervals(cmp)  # what the gate stores beside the whole runs' comparison
+    assert (c["champion_solved"], c["candidate_solved"]) == (15, 16)
+    assert c["candidate_ci"] == list(wilson(16, 20)) and c["champion_ci"] == list(wilson(15, 20))
+    assert c["candidate_ci"][0] < 0.8 < c["candidate_ci"][1]

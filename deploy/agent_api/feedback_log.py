@@ -1,0 +1,164 @@
+"""Reading back what was logged: feedback pages, and (trajectory, feedback) joined as JSONL.
+
+Both read the Redis streams (`arloop:feedback`, `arloop:trajectories`) with XRANGE in bounded
+batches; a stream entry id (`<ms>-<seq>`) is the cursor. Streams hold what the learner has not
+trimmed yet (it trims only below what it has acknowledged), so this is recent history.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections import defaultdict
+from collections.abc import AsyncIterator
+from datetime import datetime
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from agents.errors import ArloopError
+from agents.events import (
+    STREAM_FEEDBACK,
+    STREAM_TRAJECTORIES,
+    EventDecodeError,
+    FeedbackEvent,
+    FeedbackKind,
+    TrajectoryEvent,
+    decode,
+)
+from deploy.agent_api.schemas import FeedbackItem, FeedbackPage
+
+BATCH = 500
+SCAN_BATCHES = 10
+"""A page reads at most this many batches: filters that match little return a short page
+with `next_cursor` rather than scanning the whole stream in one request."""
+_ENTRY_ID = re.compile(r"^\d{1,20}-\d{1,20}$")
+
+
+def parse_since(value: str | None) -> str:
+    """The first stream id at or after `since` (seconds since the epoch, or ISO 8601)."""
+    if value is None or value == "":
+        return "-"
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            seconds = datetime.fromisoformat(value).timestamp()
+        except ValueError:
+            raise ArloopError(
+                422,
+                f"since={value[:40]!r} is neither seconds since the epoch nor an ISO 8601 time "
+                "(e.g. 1767225600 or 2026-01-01T00:00:00+00:00)",
+            ) from None
+    if not math.isfinite(seconds) or not 0 <= seconds < 1e11:
+        raise ArloopError(422, f"since={value[:40]!r} is out of range")
+    return f"{int(seconds * 1000)}-0"
+
+
+def parse_cursor(value: str) -> str:
+    if not _ENTRY_ID.match(value):
+        raise ArloopError(
+            422, f"cursor={value[:40]!r} is not a stream entry id ('<ms>-<seq>', from next_cursor)"
+        )
+    return "(" + value
+
+
+def parse_kind(value: str | None) -> FeedbackKind | None:
+    if value is None:
+        return None
+    try:
+        return FeedbackKind(value)
+    except ValueError:
+        kinds = ", ".join(k.value for k in FeedbackKind)
+        raise ArloopError(422, f"kind={value[:40]!r} is not one of {kinds}") from None
+
+
+async def feedback_page(
+    client: aioredis.Redis,
+    *,
+    agent: str | None,
+    since: str | None,
+    kind: str | None,
+    cursor: str | None,
+    limit: int,
+) -> FeedbackPage:
+    """Up to `limit` feedback events matching the filters, oldest first, and where to go on."""
+    start = parse_cursor(cursor) if cursor else parse_since(since)
+    wanted = parse_kind(kind)
+    items: list[FeedbackItem] = []
+    for _ in range(SCAN_BATCHES):
+        batch = await client.xrange(STREAM_FEEDBACK, min=start, count=BATCH)
+        for entry_id, fields in batch:
+            start = "(" + _s(entry_id)
+            event = _decoded(fields)
+            if not isinstance(event, FeedbackEvent):
+                continue
+            if (wanted and event.kind is not wanted) or (agent and event.agent != agent):
+                continue
+            items.append(_item(_s(entry_id), event))
+            if len(items) == limit:
+                return FeedbackPage(items=items, next_cursor=_s(entry_id))
+        if len(batch) < BATCH:
+            return FeedbackPage(items=items, next_cursor=None)
+    return FeedbackPage(items=items, next_cursor=start[1:])
+
+
+async def export_jsonl(
+    client: aioredis.Redis, *, agent: str | None, since: str | None, rated_only: bool
+) -> AsyncIterator[str]:
+    """One JSON line per run since `since`: `{"trajectory": {...}, "feedback": [...]}`.
+
+    Feedback always comes after its run, so the feedback since `since` holds all there is on
+    the runs since then; it is read first, then the runs, joined by trajectory id.
+    """
+    start = parse_since(since)
+    feedback: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    async for _, event in _entries(client, STREAM_FEEDBACK, start):
+        if isinstance(event, FeedbackEvent):
+            feedback[event.trajectory_id].append(event.model_dump(mode="json"))
+    async for _, event in _entries(client, STREAM_TRAJECTORIES, start):
+        if not isinstance(event, TrajectoryEvent) or (agent and event.agent != agent):
+            continue
+        mine = feedback.get(event.trajectory_id, [])
+        if rated_only and not mine:
+            continue
+        line = {"trajectory": event.model_dump(mode="json"), "feedback": mine}
+        yield json.dumps(line, separators=(",", ":")) + "\n"
+
+
+async def _entries(client: aioredis.Redis, stream: str, start: str):
+    while True:
+        batch = await client.xrange(stream, min=start, count=BATCH)
+        for entry_id, fields in batch:
+            yield _s(entry_id), _decoded(fields)
+        if len(batch) < BATCH:
+            return
+        start = "(" + _s(batch[-1][0])
+
+
+def _decoded(fields: dict) -> Any:
+    try:
+        return decode(fields)
+    except EventDecodeError:  # a poison entry: the learner dead-letters it; skip it here
+        return None
+
+
+def _item(entry_id: str, e: FeedbackEvent) -> FeedbackItem:
+    return FeedbackItem(
+        cursor=entry_id,
+        event_id=e.event_id,
+        trajectory_id=e.trajectory_id,
+        agent=e.agent,
+        user_id=e.user_id,
+        kind=e.kind.value,
+        value=e.value,
+        text=e.text,
+        policy_version=e.policy_version,
+        turn=e.turn,
+        created_at=e.created_at,
+    )
+
+
+def _s(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

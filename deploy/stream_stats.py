@@ -1,0 +1,78 @@
+"""How far the learner is behind the streams: length, lag, pending and dead letters.
+
+Read straight from Redis (XINFO, XRANGE, XLEN: Redis 6.2 commands), so the agent API's
+dashboard sees a learner that has stopped reading, and the learner exports the same figures
+on its /metrics. Redis 6.2's XINFO GROUPS has no `lag`: the entries after the group's
+last-delivered id are counted with XRANGE, up to `LAG_CAP`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import redis
+
+from agents.events import LEARNER_GROUP, STREAM_DEAD, STREAM_FEEDBACK, STREAM_TRAJECTORIES
+
+LAG_CAP = 100
+"""Undelivered entries counted at most: XRANGE returns whole entries (a run can be tens of
+kilobytes), so a larger lag reads as this with `lag_capped` set, beside the age of the oldest."""
+STREAMS = (STREAM_TRAJECTORIES, STREAM_FEEDBACK)
+
+
+@dataclass(frozen=True)
+class StreamStats:
+    """One stream as the learner's consumer group sees it."""
+
+    stream: str
+    length: int
+    lag: int  # entries not yet delivered to the group
+    lag_capped: bool
+    lag_seconds: float  # age of the oldest undelivered entry (0 when none)
+    pending: int  # delivered, not yet acknowledged
+    group: bool  # the learner's group exists (a learner has started once)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def stream_stats(client: redis.Redis, stream: str, now: float | None = None) -> StreamStats:
+    """The figures of one stream (zeros for a stream that does not exist yet)."""
+    now = time.time() if now is None else now
+    if not client.exists(stream):
+        return StreamStats(stream, 0, 0, False, 0.0, 0, False)
+    length = int(client.xlen(stream))
+    group = next((g for g in client.xinfo_groups(stream) if _s(g["name"]) == LEARNER_GROUP), None)
+    last = _s(group["last-delivered-id"]) if group else "0-0"
+    undelivered = client.xrange(stream, min=f"({last}", count=LAG_CAP + 1)
+    lag = min(len(undelivered), LAG_CAP)
+    oldest = _ms(_s(undelivered[0][0])) / 1000 if undelivered else now
+    return StreamStats(
+        stream=stream,
+        length=length,
+        lag=lag,
+        lag_capped=len(undelivered) > LAG_CAP,
+        lag_seconds=max(0.0, now - oldest),
+        pending=int(group["pending"]) if group else 0,
+        group=group is not None,
+    )
+
+
+def all_stats(client: redis.Redis) -> dict[str, Any]:
+    """Both streams' figures and the dead-letter count, as JSON-ready values."""
+    now = time.time()
+    return {
+        "streams": [stream_stats(client, s, now).to_dict() for s in STREAMS],
+        "dead_letters": int(client.xlen(STREAM_DEAD)),
+        "at": now,
+    }
+
+
+def _ms(entry_id: str) -> int:
+    return int(entry_id.split("-", 1)[0])
+
+
+def _s(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

@@ -1,0 +1,68 @@
+"""The learner's /metrics and /healthz, and the status it keeps in Redis for the dashboard."""
+
+import io
+import json
+
+import httpx
+from rich.console import Console
+
+from agents.events import LEARNER_STATUS, STREAM_DEAD, STREAM_FEEDBACK, STREAM_TRAJECTORIES
+from deploy.embedded_redis import free_port
+from deploy.learn.metrics import serve_metrics
+from deploy.learn.runner import Learner
+from deploy.learn.settings import LearnerSettings
+from tests.learner.learner_events import feedback, trajectory, xadd
+
+
+def test_a_round_and_the_streams_show_on_metrics_and_in_the_status(
+    redis_url, redis_client, tmp_path
+):
+    settings = LearnerSettings(
+        redis_url=redis_url,
+        data_dir=tmp_path,
+        base_model="tiny",
+        min_episodes=3,
+        read_block_ms=10,
+        read_count=2,
+        train={"learning_rate": 0.05},
+    )
+    learner = Learner(settings, Console(file=io.StringIO(), width=200))
+    learner.start()
+    server = serve_metrics(learner.telemetry, "127.0.0.1", free_port())
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        for i in range(4):
+            t = trajectory(
+                answer="The answer is 42." if i % 2 else "no", logprobs=True, user=f"u{i}"
+            )
+            xadd(redis_client, t)
+            xadd(redis_client, feedback(t.event_id, "thumbs", 1 if i % 2 else -1, user=f"u{i}"))
+        redis_client.xadd(STREAM_DEAD, {"reason": "poison"})
+        learner.telemetry.refresh(force=True)  # nothing read yet: every entry is lag
+        status = json.loads(redis_client.get(LEARNER_STATUS))
+        lag = {s["stream"]: (s["lag"], s["pending"], s["length"]) for s in status["streams"]}
+        assert lag == {STREAM_TRAJECTORIES: (4, 0, 4), STREAM_FEEDBACK: (4, 0, 4)}
+        assert status["dead_letters"] == 1 and status["last_round"] is None
+        text = httpx.get(f"{url}/metrics").text
+        assert f'arloop_learner_stream_lag{{stream="{STREAM_TRAJECTORIES}"}} 4.0' in text
+        assert "arloop_learner_dead_letters 1.0" in text
+        assert learner.run(once=True) == 0
+        status = json.loads(redis_client.get(LEARNER_STATUS))
+        assert {s["stream"]: s["lag"] for s in status["streams"]} == {
+            STREAM_TRAJECTORIES: 0,
+            STREAM_FEEDBACK: 0,
+        }
+        last = status["last_round"]
+        assert (
+            last["version"] == "v1" and last["metrics"]["reward"] == learner.last.metrics["reward"]
+        )
+        assert set(last["metrics"]) >= {"reward", "kl", "entropy", "completions/mean_length"}
+        text = httpx.get(f"{url}/metrics").text
+        assert 'arloop_learner_rounds_total{outcome="published"} 1.0' in text
+        assert f"arloop_learner_kl {learner.last.metrics['kl']}" in text
+        assert "arloop_learner_completions_mean_length" in text
+        assert httpx.get(f"{url}/healthz").json() == {"status": "ok", "last_error": None}
+        assert httpx.get(f"{url}/nothing").status_code == 404
+    finally:
+        server.shutdown()
+        learner.store.close()
