@@ -63,6 +63,9 @@ class DemoOptions:
     """Held-out problems the gate draws from (its looks: up to 120 of them, sampled 8 times)."""
     model: str = "smollm2"
     seed: int = 0
+    """Seeds the users' sampling and feedback noise (and, unless `draw` is set, the problems)."""
+    draw: int | None = None
+    """Seeds which training problems the students bring; None: `seed` (one knob for both)."""
     report_dir: Path = Path("reports")
     data_dir: Path | None = None
     """Default: a fresh `.arloop/demo-<time>`."""
@@ -258,7 +261,7 @@ def _students(
         pack.tasks("train"),
         opts.episodes // opts.group,
         opts.group,
-        random.Random(f"{opts.seed}/{r}"),
+        random.Random(f"{opts.seed if opts.draw is None else opts.draw}/{r}"),
     )
     rec = RoundRecord(r, champion, [])
     rec.visits = timed(
