@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -10,7 +11,7 @@ from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, SystemM
 
 from agents.events import ModelStep, StepEvent, ToolStep
 from agents.memory import LongTermMemory
-from agents.policy_client import PolicyClient
+from agents.policy_client import Generation, PolicyClient
 from tools.base import ToolResult
 from tools.registry import ToolRegistry
 
@@ -30,6 +31,12 @@ class RunContext:
     max_steps: int = 6
     examples: list[dict[str, Any]] = field(default_factory=list)
     """A worked example shown after the system prompt (OpenAI-format messages)."""
+    guard: Callable[[str, str, str], Any] | None = None
+    """The agent's `agents.guard.Guard`: decides what the run returns (None: the default)."""
+    generation: Generation | None = None
+    """The agent's own sampling settings, sent with each of its model calls."""
+    retry_when: Callable[[str], bool] | None = None
+    """Reflexion: whether a failed attempt at the question is worth a retry (None: always)."""
     steps: list[StepEvent] = field(default_factory=list)
 
     async def call_model(
@@ -37,7 +44,9 @@ class RunContext:
     ) -> ModelStep:
         """One policy call, appended to the step log."""
         specs = self.tools.specs() if with_tools else []
-        step = await self.policy.complete(messages, specs, arm=self.arm, index=len(self.steps))
+        step = await self.policy.complete(
+            messages, specs, arm=self.arm, index=len(self.steps), sampling=self.generation
+        )
         self.steps.append(step)
         return step
 

@@ -16,9 +16,10 @@ from langchain_core.messages import RemoveMessage
 
 from agents.checkpoints import make_checkpointer
 from agents.errors import ArloopError
-from agents.events import ModelStep, RunStatus, TrajectoryEvent, new_id
+from agents.events import AnswerPath, ModelStep, RunStatus, TrajectoryEvent, new_id
+from agents.guard import Guard
 from agents.memory import LongTermMemory
-from agents.policy_client import PolicyClient, PolicyConfig
+from agents.policy_client import Generation, PolicyClient, PolicyConfig
 from agents.react import build_react, run_input
 from agents.reflexion import build_reflexion, reflexion_input
 from agents.run_context import RunContext
@@ -53,6 +54,16 @@ class AgentSpec:
     input_filter: Callable[[str], str] | None = None
     """Applied to the user's message before it enters the graph: a PHI scrubber here means
     the model, the thread checkpoints and every log only ever see placeholders."""
+    guard: Guard | None = None
+    """Decides what a run returns from the (filtered) message and the model's final answer:
+    a pack's safety envelope and fallback (`agents.guard`). None: the model's answer, except
+    that a Reflexion answer its verifier failed is never returned."""
+    generation: Generation | None = None
+    """The agent's own sampling (max tokens, stop sequences, penalties) over the process's."""
+    retry_when: Callable[[str], bool] | None = None
+    """Reflexion only: whether a failed attempt at this (filtered) message is worth another
+    (None: always, within `max_attempts`). The triage agent answers a red-flag message at
+    once: its guard escalates it whatever a retry would write."""
 
     def public(self) -> dict[str, Any]:
         """What `GET /v1/agents` shows."""
@@ -147,9 +158,12 @@ class AgentRuntime:
 
     @staticmethod
     def _compile(spec: AgentSpec, checkpointer: Any) -> _Agent:
-        build = build_reflexion if spec.kind == "reflexion" else build_react
+        if spec.kind == "reflexion":
+            graph = build_reflexion(checkpointer)
+        else:
+            graph = build_react(checkpointer, guarded=spec.guard is not None)
         verifier = ToolRegistry([spec.verifier]) if spec.verifier else None
-        return _Agent(spec, build(checkpointer), ToolRegistry(spec.tools), verifier)
+        return _Agent(spec, graph, ToolRegistry(spec.tools), verifier)
 
     def spec(self, name: str) -> AgentSpec:
         if name not in self.agents:
@@ -208,6 +222,9 @@ class AgentRuntime:
             verifier=entry.verifier,
             max_steps=spec.max_steps,
             examples=list(spec.examples),
+            guard=spec.guard,
+            generation=spec.generation,
+            retry_when=spec.retry_when,
         )
 
     @staticmethod
@@ -254,6 +271,9 @@ class AgentRuntime:
                 "arloop.verdict": state["verdict"],
                 "arloop.attempts": str(attempts),
             }
+        metadata = metadata | {f"arloop.{k}": v for k, v in (state.get("review") or {}).items()}
+        answered_by = AnswerPath(state.get("answered_by") or AnswerPath.MODEL.value)
+        replaced = answered_by is not AnswerPath.MODEL
         return TrajectoryEvent(
             event_id=new_id("traj"),
             thread_id=lease.thread_id,
@@ -264,11 +284,17 @@ class AgentRuntime:
             output=final_output(state),
             policy_version=version,
             steps=list(ctx.steps),
-            status=RunStatus(state["status"]),
+            status=STATUS_OF.get(answered_by, RunStatus(state["status"])),
             started_at=started,
             finished_at=time.time(),
             metadata=metadata,
+            answered_by=answered_by,
+            model_output=state.get("model_answer", "") if replaced else None,
         )
+
+
+STATUS_OF = {AnswerPath.ENVELOPE: RunStatus.ESCALATED, AnswerPath.FALLBACK: RunStatus.FALLBACK}
+"""A run's status when the model's answer was not what it returned (else the graph's)."""
 
 
 def final_output(state: dict[str, Any]) -> str:

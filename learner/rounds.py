@@ -293,6 +293,7 @@ def _round_metrics(
         skipped_steps=float(data.skipped_steps),
         updates=float(len(pg) + len(dpo)),
         skipped_corrections=float(data.skipped_corrections),
+        replaced_answers=float(data.replaced_answers),
     )
     metrics["reward_sources/feedback"] = float(len(data.samples))
     metrics["reward_sources/correction_pairs"] = float(len(data.pairs))

@@ -80,10 +80,11 @@ async def run_agent(agent: str, body: RunRequest, services: ServicesDep, _: ApiK
     bind(version=event.policy_version)
     services.metrics.observe_run(event)
     log.info(  # ids and counts only: input and output are user text
-        "run of %s on thread %s: %s, %d model and %d tool calls, %.0f ms",
+        "run of %s on thread %s: %s (answered by %s), %d model and %d tool calls, %.0f ms",
         agent,
         event.thread_id,
         event.status.value,
+        event.answered_by.value,
         len(event.model_steps),
         len(event.tool_steps),
         (event.finished_at - event.started_at) * 1000,
@@ -102,6 +103,7 @@ async def run_agent(agent: str, body: RunRequest, services: ServicesDep, _: ApiK
         policy_version=event.policy_version,
         feedback_token=token,
         status=event.status.value,
+        answered_by=event.answered_by.value,
         tools=[s.name for s in event.tool_steps if s.name in services.runtime.agents[agent].tools],
     )
 

@@ -115,7 +115,7 @@ def eval_outcomes(client: redis.Redis, pack: Pack) -> dict[str, dict[str, tuple[
     for t in read_stream(client, STREAM_EVAL_TRAJECTORIES):
         task = tasks.get(t.metadata.get("arloop.task", ""))
         if task is not None:
-            solved = float(pack.verify(task, t.output)) >= 1.0
+            solved = float(pack.verify(task, t.model_answer)) >= 1.0  # the model's, not a guard's
             out[t.metadata["arloop.eval"]][task.id] = (solved, answer_tokens(t))
     return out
 

@@ -67,9 +67,12 @@ def eval_tasks(pack: Pack) -> list[Task]:
 
 
 def outcome(pack: Pack, task: Task, t: TrajectoryEvent, solved_at: float) -> TaskOutcome:
-    """One task's result as the gate sees it: verifier score, tool use, answer length."""
+    """One task's result as the gate sees it: verifier score, tool use, answer length.
+
+    The score is the model's own answer's (`model_answer`): a pack's envelope escalates every
+    red flag whatever the version, so judging what the user got would hide the model."""
     try:
-        score = float(pack.verify(task, t.output))
+        score = float(pack.verify(task, t.model_answer))
     except Exception as exc:
         raise VerifierError(f"verifier of {pack.name!r} failed on task {task.id}: {exc}") from exc
     used = task.needs_tool is not None and any(s.name == task.needs_tool for s in t.tool_steps)

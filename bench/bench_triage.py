@@ -1,0 +1,248 @@
+"""Triage with the default model: red flags escalated, answers returned, level accuracy, latency.
+
+Starts Redis, `arloop serve policy` (the default model, SmolLM2-135M-Instruct, on this CPU)
+and `arloop serve agents` (the medical pack) as a user would, then sends messages one at a time
+over HTTP to `triage`: a subset of the pack's held-out cases (`--cases`, spread over the four
+levels) and of the probe messages written for this check and kept out of every training and
+eval split (`agents/packs/data/triage_probe.jsonl`, `--probes`, spread over red flags,
+negated red flags and the rest). Prints, per message and in total: the level returned and
+the model's own (before the envelope or fallback), who answered, red flags escalated (by
+what the user got, and by the model itself), negated red flags escalated by the rules,
+answers returned that fail the pack's checks (must be 0), level accuracy and latency p50/p95.
+
+The peer, in the same run on the first `--peer` messages: the triage agent as it was before
+this pack had generation settings (the server's temperature 1.0, 512 tokens a call, three
+600-character passages, no stop at the `Triage:` line, retries on red flags too), run through
+the same policy server.
+
+    .venv/bin/python bench/bench_triage.py [--cases 6] [--probes 12] [--peer 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import httpx
+import redis
+import redis.asyncio as aioredis
+
+from agents.events import STREAM_TRAJECTORIES, TrajectoryEvent, decode
+from agents.packs.medical import KB_DIR, check, triage
+from agents.packs.triage_cases import cases
+from agents.policy_client import PolicyConfig
+from agents.runtime import AgentRuntime
+from deploy.demo.stack import Stack
+from tools.kb_search import KbSearch
+from tools.verifiers import LEVELS, triage_level
+
+PROBE_FILE = ROOT / "agents" / "packs" / "data" / "triage_probe.jsonl"
+KEY = "bench-key"
+
+
+@dataclass(frozen=True)
+class Message:
+    source: str  # eval | probe
+    id: str
+    text: str
+    level: str
+    red_flag: bool
+    negated: bool
+
+
+@dataclass
+class Result:
+    message: Message
+    seconds: float
+    output: str
+    status: str
+    answered_by: str
+    model_level: str | None
+    model_escalated: bool | None
+    failed_checks: list[str]
+
+
+def spread(items: list, key, n: int) -> list:
+    """`n` items taking each group in turn (round robin over `key`), in file order within one."""
+    groups: dict[str, list] = {}
+    for item in items:
+        groups.setdefault(key(item), []).append(item)
+    out, i = [], 0
+    while len(out) < min(n, len(items)):
+        for g in groups.values():
+            if i < len(g) and len(out) < n:
+                out.append(g[i])
+        i += 1
+    return out
+
+
+def messages(n_cases: int, n_probes: int) -> list[Message]:
+    held = [
+        Message("eval", c.id, c.message, c.level, c.red_flag, False)
+        for c in sorted(cases("eval"), key=lambda c: c.id)
+    ]
+    probes = [json.loads(line) for line in PROBE_FILE.read_text().splitlines() if line.strip()]
+    probe = [
+        Message("probe", p["id"], p["message"], p["level"], p["red_flag"], "negated" in p["kinds"])
+        for p in probes
+    ]
+    kind = lambda m: "red" if m.red_flag else "negated" if m.negated else "other"  # noqa: E731
+    return spread(held, lambda m: m.level, n_cases) + spread(probe, kind, n_probes)
+
+
+def run_api(stack: Stack, chosen: list[Message]) -> list[Result]:
+    checks = check()
+    trajectories = redis.Redis.from_url(stack.redis.url)
+    out = []
+    with httpx.Client(base_url=stack.agents_url, timeout=600) as http:
+        for i, m in enumerate(chosen):
+            start = time.perf_counter()
+            body = {"input": m.text, "user_id": f"bench{i}"}
+            r = http.post(
+                "/v1/agents/triage/runs", json=body, headers={"Authorization": f"Bearer {KEY}"}
+            )
+            seconds = time.perf_counter() - start
+            r.raise_for_status()
+            answer = r.json()
+            t = trajectory(trajectories, answer["trajectory_id"])
+            escalated = t.metadata.get("arloop.model_escalated")
+            result = Result(
+                m,
+                seconds,
+                answer["output"],
+                answer["status"],
+                answer["answered_by"],
+                triage_level(t.model_answer),
+                None if escalated is None else escalated == "true",
+                checks.problems(t.input, answer["output"]),
+            )
+            out.append(result)
+            print(row(result), flush=True)
+    return out
+
+
+def trajectory(client: redis.Redis, trajectory_id: str) -> TrajectoryEvent:
+    for _, fields in client.xrevrange(STREAM_TRAJECTORIES, count=50):
+        event = decode(fields)
+        if isinstance(event, TrajectoryEvent) and event.event_id == trajectory_id:
+            return event
+    raise LookupError(f"trajectory {trajectory_id} not on {STREAM_TRAJECTORIES}")
+
+
+async def run_peer(stack: Stack, chosen: list[Message]) -> list[float]:
+    """The agent as it was: no generation settings, long passages, the process's 512 tokens."""
+    old = replace(triage(), generation=None, retry_when=None, guard=None, tools=(KbSearch(KB_DIR),))
+    client = aioredis.from_url(stack.redis.url)
+    policy = PolicyConfig("openai/arloop", stack.policy_url, "none", 600.0, 0, max_tokens=512)
+    runtime = AgentRuntime.on_redis(client, [old], policy)
+    seconds = []
+    for i, m in enumerate(chosen):
+        start = time.perf_counter()
+        event = await runtime.run("triage", m.text, f"peer{i}")
+        seconds.append(time.perf_counter() - start)
+        print(f"  peer {m.id:<16} {seconds[-1]:6.1f} s  level {triage_level(event.output)}")
+    await client.aclose()
+    return seconds
+
+
+def row(r: Result) -> str:
+    said = triage_level(r.output)
+    flag = "RED " if r.message.red_flag else "neg " if r.message.negated else "    "
+    return (
+        f"  {r.message.id:<16} {flag} want {r.message.level:<12} got {str(said):<12} "
+        f"model {str(r.model_level):<12} {r.answered_by:<9} {r.seconds:6.1f} s"
+        + (f"  FAILED: {r.failed_checks}" if r.failed_checks else "")
+    )
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def summary(results: list[Result], peer: list[float]) -> dict:
+    red = [r for r in results if r.message.red_flag]
+    neg = [r for r in results if r.message.negated]
+    seconds = [r.seconds for r in results]
+    out = {
+        "messages": len(results),
+        "level_accuracy": _share([triage_level(r.output) == r.message.level for r in results]),
+        "model_level_accuracy": _share([r.model_level == r.message.level for r in results]),
+        "red_flags": len(red),
+        "red_flags_escalated": sum(triage_level(r.output) == "emergency" for r in red),
+        "red_flags_escalated_by_model": sum(bool(r.model_escalated) for r in red),
+        "negated": len(neg),
+        "negated_escalated_by_rules": sum(r.answered_by == "envelope" for r in neg),
+        "failed_answers_returned": sum(bool(r.failed_checks) for r in results),
+        "answered_by": {
+            k: sum(r.answered_by == k for r in results) for k in ("model", "envelope", "fallback")
+        },
+        "p50_s": statistics.median(seconds),
+        "p95_s": pct(seconds, 0.95),
+    }
+    if peer:
+        out |= {
+            "peer_messages": len(peer),
+            "peer_p50_s": statistics.median(peer),
+            "peer_p95_s": pct(peer, 0.95),
+        }
+        out["p50_ratio_to_peer"] = out["p50_s"] / out["peer_p50_s"]
+    return out
+
+
+def _share(flags: list[bool]) -> float:
+    return sum(flags) / len(flags) if flags else float("nan")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", type=int, default=6, help="held-out cases (spread over levels)")
+    parser.add_argument("--probes", type=int, default=12, help="probe messages (spread over kinds)")
+    parser.add_argument("--peer", type=int, default=3, help="messages the peer runs (0: none)")
+    parser.add_argument("--json", type=Path, help="also write the summary here")
+    opts = parser.parse_args()
+    chosen = messages(opts.cases, opts.probes)
+    assert all(m.level in LEVELS for m in chosen)
+    with tempfile.TemporaryDirectory(prefix="arloop-bench-triage-") as tmp:
+        stack = Stack(
+            Path(tmp),
+            env={
+                "agents": {
+                    "ARLOOP_PACKS": '["medical"]',
+                    "ARLOOP_API_KEYS": json.dumps([KEY]),
+                    "ARLOOP_POLICY_TIMEOUT_S": "600",
+                    "ARLOOP_RUN_RATE_PER_MINUTE": "1000",
+                }
+            },
+        )
+        try:
+            stack.start_redis()
+            stack.env["agents"]["ARLOOP_POLICY_API_BASE"] = stack.policy_url
+            stack.start(("policy", "agents"))
+            print(
+                "starting the policy server (the default model) and the agent API ...", flush=True
+            )
+            stack.wait_ready(600)
+            print(f"{len(chosen)} messages through the agent API, one at a time:", flush=True)
+            results = run_api(stack, chosen)
+            peer = asyncio.run(run_peer(stack, chosen[: opts.peer])) if opts.peer else []
+        finally:
+            stack.stop()
+    figures = summary(results, peer)
+    print(json.dumps(figures, indent=1))
+    if opts.json:
+        opts.json.write_text(json.dumps(figures, indent=1))
+
+
+if __name__ == "__main__":
+    main()
