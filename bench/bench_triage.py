@@ -10,10 +10,12 @@ the model's own (before the envelope or fallback), who answered, red flags escal
 what the user got, and by the model itself), negated red flags escalated by the rules,
 answers returned that fail the pack's checks (must be 0), level accuracy and latency p50/p95.
 
-The peer, in the same run on the first `--peer` messages: the triage agent as it was before
-this pack had generation settings (the server's temperature 1.0, 512 tokens a call, three
-600-character passages, no stop at the `Triage:` line, retries on red flags too), run through
-the same policy server.
+The peer, in the same run on the first `--peer` messages, each right after the agent's own
+run of it (this machine is shared: both meet the same load): the triage agent as it was
+before this pack had generation settings (the server's temperature 1.0, 512 tokens a call,
+three 600-character passages, no stop at the `Triage:` line, retries on red flags too), run
+through the same policy server. Also printed: the policy server's CPU seconds per run (both
+cores), a figure less sensitive than wall time to what else the machine runs.
 
     .venv/bin/python bench/bench_triage.py [--cases 6] [--probes 12] [--peer 3]
 """
@@ -23,6 +25,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import signal
 import statistics
 import sys
 import tempfile
@@ -64,6 +68,7 @@ class Message:
 class Result:
     message: Message
     seconds: float
+    server_cpu_s: float  # CPU time the policy server spent on it (both cores)
     output: str
     status: str
     answered_by: str
@@ -100,18 +105,24 @@ def messages(n_cases: int, n_probes: int) -> list[Message]:
     return spread(held, lambda m: m.level, n_cases) + spread(probe, kind, n_probes)
 
 
-def run_api(stack: Stack, chosen: list[Message]) -> list[Result]:
+def run_all(stack: Stack, chosen: list[Message], n_peer: int) -> tuple[list[Result], list[float]]:
+    """Each message through the agent API; the first `n_peer` also through the peer, right
+    after, so both meet the same load on this shared machine."""
     checks = check()
     trajectories = redis.Redis.from_url(stack.redis.url)
-    out = []
-    with httpx.Client(base_url=stack.agents_url, timeout=600) as http:
+    server = next(p.process.pid for p in stack.procs if p.name == "policy")
+    peer = Peer(stack)
+    out, peer_seconds = [], []
+    with httpx.Client(base_url=stack.agents_url, timeout=1800) as http:
+        warm = {"input": "I have a cold.", "user_id": "warm-up"}  # loads the PHI scrubber
+        http.post("/v1/agents/triage/runs", json=warm, headers={"Authorization": f"Bearer {KEY}"})
         for i, m in enumerate(chosen):
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), cpu_seconds(server)
             body = {"input": m.text, "user_id": f"bench{i}"}
             r = http.post(
                 "/v1/agents/triage/runs", json=body, headers={"Authorization": f"Bearer {KEY}"}
             )
-            seconds = time.perf_counter() - start
+            seconds, cpu = time.perf_counter() - start, cpu_seconds(server) - cpu
             r.raise_for_status()
             answer = r.json()
             t = trajectory(trajectories, answer["trajectory_id"])
@@ -119,6 +130,7 @@ def run_api(stack: Stack, chosen: list[Message]) -> list[Result]:
             result = Result(
                 m,
                 seconds,
+                cpu,
                 answer["output"],
                 answer["status"],
                 answer["answered_by"],
@@ -128,7 +140,16 @@ def run_api(stack: Stack, chosen: list[Message]) -> list[Result]:
             )
             out.append(result)
             print(row(result), flush=True)
-    return out
+            if i < n_peer:
+                peer_seconds.append(peer.run(m, i))
+    peer.close()
+    return out, peer_seconds
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) a process has used so far, all its threads."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def trajectory(client: redis.Redis, trajectory_id: str) -> TrajectoryEvent:
@@ -139,20 +160,28 @@ def trajectory(client: redis.Redis, trajectory_id: str) -> TrajectoryEvent:
     raise LookupError(f"trajectory {trajectory_id} not on {STREAM_TRAJECTORIES}")
 
 
-async def run_peer(stack: Stack, chosen: list[Message]) -> list[float]:
+class Peer:
     """The agent as it was: no generation settings, long passages, the process's 512 tokens."""
-    old = replace(triage(), generation=None, retry_when=None, guard=None, tools=(KbSearch(KB_DIR),))
-    client = aioredis.from_url(stack.redis.url)
-    policy = PolicyConfig("openai/arloop", stack.policy_url, "none", 600.0, 0, max_tokens=512)
-    runtime = AgentRuntime.on_redis(client, [old], policy)
-    seconds = []
-    for i, m in enumerate(chosen):
+
+    def __init__(self, stack: Stack) -> None:
+        old = replace(
+            triage(), generation=None, retry_when=None, guard=None, tools=(KbSearch(KB_DIR),)
+        )
+        self.loop = asyncio.new_event_loop()
+        self.client = aioredis.from_url(stack.redis.url)
+        policy = PolicyConfig("openai/arloop", stack.policy_url, "none", 1800.0, 0, max_tokens=512)
+        self.runtime = AgentRuntime.on_redis(self.client, [old], policy)
+
+    def run(self, m: Message, i: int) -> float:
         start = time.perf_counter()
-        event = await runtime.run("triage", m.text, f"peer{i}")
-        seconds.append(time.perf_counter() - start)
-        print(f"  peer {m.id:<16} {seconds[-1]:6.1f} s  level {triage_level(event.output)}")
-    await client.aclose()
-    return seconds
+        event = self.loop.run_until_complete(self.runtime.run("triage", m.text, f"peer{i}"))
+        seconds = time.perf_counter() - start
+        print(f"  {'  peer':<21} got {str(triage_level(event.output)):<12} {seconds:6.1f} s")
+        return seconds
+
+    def close(self) -> None:
+        self.loop.run_until_complete(self.client.aclose())
+        self.loop.close()
 
 
 def row(r: Result) -> str:
@@ -161,6 +190,7 @@ def row(r: Result) -> str:
     return (
         f"  {r.message.id:<16} {flag} want {r.message.level:<12} got {str(said):<12} "
         f"model {str(r.model_level):<12} {r.answered_by:<9} {r.seconds:6.1f} s"
+        f" (server CPU {r.server_cpu_s:5.1f} s)"
         + (f"  FAILED: {r.failed_checks}" if r.failed_checks else "")
     )
 
@@ -189,6 +219,7 @@ def summary(results: list[Result], peer: list[float]) -> dict:
         },
         "p50_s": statistics.median(seconds),
         "p95_s": pct(seconds, 0.95),
+        "server_cpu_p50_s": statistics.median(r.server_cpu_s for r in results),
     }
     if peer:
         out |= {
@@ -211,6 +242,7 @@ def main() -> None:
     parser.add_argument("--peer", type=int, default=3, help="messages the peer runs (0: none)")
     parser.add_argument("--json", type=Path, help="also write the summary here")
     opts = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the stack on a kill too
     chosen = messages(opts.cases, opts.probes)
     assert all(m.level in LEVELS for m in chosen)
     with tempfile.TemporaryDirectory(prefix="arloop-bench-triage-") as tmp:
@@ -220,7 +252,7 @@ def main() -> None:
                 "agents": {
                     "ARLOOP_PACKS": '["medical"]',
                     "ARLOOP_API_KEYS": json.dumps([KEY]),
-                    "ARLOOP_POLICY_TIMEOUT_S": "600",
+                    "ARLOOP_POLICY_TIMEOUT_S": "1800",
                     "ARLOOP_RUN_RATE_PER_MINUTE": "1000",
                 }
             },
@@ -234,11 +266,10 @@ def main() -> None:
             )
             stack.wait_ready(600)
             print(f"{len(chosen)} messages through the agent API, one at a time:", flush=True)
-            results = run_api(stack, chosen)
-            peer = asyncio.run(run_peer(stack, chosen[: opts.peer])) if opts.peer else []
+            results, peer = run_all(stack, chosen, opts.peer)
         finally:
             stack.stop()
-    figures = summary(results, peer)
+    figures = summary(results, peer) | {"load_average_1m": os.getloadavg()[0]}
     print(json.dumps(figures, indent=1))
     if opts.json:
         opts.json.write_text(json.dumps(figures, indent=1))

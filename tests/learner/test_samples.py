@@ -1,5 +1,6 @@
 import pytest
 
+from agents.events import AnswerPath
 from learner.advantages import RunningBaseline
 from learner.episodes import Episode
 from learner.rewards import batch_rewards
@@ -137,3 +138,26 @@ def test_identical_first_prompts_share_a_group_key():
     c = trajectory(prompt="Something else")
     assert group_key(a) == group_key(b) != group_key(c)
     assert group_key(trajectory(group="task-7")) == "g:task-7"
+
+
+@pytest.mark.parametrize("path", [AnswerPath.ENVELOPE, AnswerPath.FALLBACK])
+def test_a_run_answered_by_an_envelope_or_fallback_trains_nothing_from_its_feedback(path):
+    """Its feedback judges a text the model did not write: no sample, no pair, counted."""
+    own = trajectory(answer="Triage: self-care")
+    replaced = own.model_copy(
+        update={
+            "answered_by": path,
+            "output": "Call 999.\nTriage: emergency",
+            "model_output": own.output,
+        }
+    )
+    data = _build(
+        [
+            _ep(replaced, feedback(replaced.event_id, "thumbs", 1)),
+            _ep(replaced, feedback(replaced.event_id, "correction", None, text="Triage: urgent")),
+        ]
+    )
+    assert data.samples == [] and data.pairs == [] and data.used == []
+    assert data.replaced_answers == 2
+    kept = _build([_ep(own, feedback(own.event_id, "thumbs", 1))])
+    assert len(kept.samples) == 1 and kept.replaced_answers == 0

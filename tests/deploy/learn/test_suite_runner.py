@@ -5,14 +5,20 @@ import io
 import pytest
 import redis
 
-from agents.events import STREAM_EVAL_TRAJECTORIES, STREAM_TRAJECTORIES
+from agents.events import STREAM_EVAL_TRAJECTORIES, STREAM_TRAJECTORIES, AnswerPath
 from agents.packs import PackNotFound, get_pack
 from agents.packs.base import Pack, Task
 from agents.policy_client import PolicyConfig
 from agents.runtime import AgentSpec
 from deploy.embedded_redis import free_port
 from deploy.learn.settings import LearnerSettings
-from deploy.learn.suite_runner import GateRunner, SuiteMissing, SuiteRunner, gate_runner
+from deploy.learn.suite_runner import (
+    GateRunner,
+    SuiteMissing,
+    SuiteRunner,
+    gate_runner,
+    outcome,
+)
 from learner.gate.eval_gate import ERROR, GateConfig
 from learner.gate.release import apply_verdict
 from learner.policy.registry import CANDIDATE, CHAMPION, PolicyRegistry, VersionStatus
@@ -248,3 +254,15 @@ def test_a_learner_round_is_gated_and_a_pass_goes_out_as_the_canary(stack, redis
     assert not learner.round_due()  # one candidate at a time: rounds wait for the canary
     registry.withdraw_candidate(version, error="test cleanup", reason="test cleanup", actor="test")
     learner.store.close()
+
+
+def test_the_gate_judges_the_models_own_answer_not_the_envelopes():
+    """The envelope escalates every red flag whatever the version: the gate must see past it."""
+    pack = get_pack("medical")
+    task = next(t for t in pack.tasks("eval") if t.reference == "emergency")
+    served = trajectory(task.input, "This could be an emergency.\nTriage: emergency")
+    missed = served.model_copy(
+        update={"answered_by": AnswerPath.ENVELOPE, "model_output": "Rest.\nTriage: self-care"}
+    )
+    assert outcome(pack, task, missed, 1.0).score == 0.0
+    assert outcome(pack, task, served, 1.0).score == 1.0  # the model escalated by itself
