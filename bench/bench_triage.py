@@ -17,7 +17,7 @@ three 600-character passages, no stop at the `Triage:` line, retries on red flag
 through the same policy server. Also printed: the policy server's CPU seconds per run (both
 cores), a figure less sensitive than wall time to what else the machine runs.
 
-    .venv/bin/python bench/bench_triage.py [--cases 6] [--probes 12] [--peer 3]
+    .venv/bin/python bench/bench_triage.py [--cases 6] [--probes 12] [--peer 3] [--threads 1]
 """
 
 from __future__ import annotations
@@ -75,6 +75,8 @@ class Result:
     model_level: str | None
     model_escalated: bool | None
     failed_checks: list[str]
+    attempts: int
+    model_passed: bool
 
 
 def spread(items: list, key, n: int) -> list:
@@ -137,6 +139,8 @@ def run_all(stack: Stack, chosen: list[Message], n_peer: int) -> tuple[list[Resu
                 triage_level(t.model_answer),
                 None if escalated is None else escalated == "true",
                 checks.problems(t.input, answer["output"]),
+                int(t.metadata.get("arloop.attempts", "1")),
+                t.metadata.get("arloop.model_checks") == "pass",
             )
             out.append(result)
             print(row(result), flush=True)
@@ -190,7 +194,7 @@ def row(r: Result) -> str:
     return (
         f"  {r.message.id:<16} {flag} want {r.message.level:<12} got {str(said):<12} "
         f"model {str(r.model_level):<12} {r.answered_by:<9} {r.seconds:6.1f} s"
-        f" (server CPU {r.server_cpu_s:5.1f} s)"
+        f" (server CPU {r.server_cpu_s:5.1f} s, {r.attempts} attempt{'s' * (r.attempts > 1)})"
         + (f"  FAILED: {r.failed_checks}" if r.failed_checks else "")
     )
 
@@ -214,6 +218,8 @@ def summary(results: list[Result], peer: list[float]) -> dict:
         "negated": len(neg),
         "negated_escalated_by_rules": sum(r.answered_by == "envelope" for r in neg),
         "failed_answers_returned": sum(bool(r.failed_checks) for r in results),
+        "model_answers_passing_checks": sum(r.model_passed for r in results),
+        "passed_after_a_retry": sum(r.model_passed and r.attempts > 1 for r in results),
         "answered_by": {
             k: sum(r.answered_by == k for r in results) for k in ("model", "envelope", "fallback")
         },
@@ -240,6 +246,12 @@ def main() -> None:
     parser.add_argument("--cases", type=int, default=6, help="held-out cases (spread over levels)")
     parser.add_argument("--probes", type=int, default=12, help="probe messages (spread over kinds)")
     parser.add_argument("--peer", type=int, default=3, help="messages the peer runs (0: none)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads of the policy server (ARLOOP_THREADS; 1 is best on a shared CPU)",
+    )
     parser.add_argument("--json", type=Path, help="also write the summary here")
     opts = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the stack on a kill too
@@ -249,12 +261,13 @@ def main() -> None:
         stack = Stack(
             Path(tmp),
             env={
+                "policy": {"ARLOOP_THREADS": str(opts.threads)},
                 "agents": {
                     "ARLOOP_PACKS": '["medical"]',
                     "ARLOOP_API_KEYS": json.dumps([KEY]),
                     "ARLOOP_POLICY_TIMEOUT_S": "1800",
                     "ARLOOP_RUN_RATE_PER_MINUTE": "1000",
-                }
+                },
             },
         )
         try:

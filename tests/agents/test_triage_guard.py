@@ -211,3 +211,12 @@ async def test_over_http_the_status_says_who_answered(start_api, llm):
     assert body["status"] == "escalated" and body["answered_by"] == "envelope"
     assert triage_level(body["output"]) == "emergency" and "idiot" not in body["output"]
     assert SYSTEM in llm.requests[0]["messages"][0]["content"]
+
+
+def test_the_envelope_and_fallback_pass_the_phi_scrubber_unchanged():
+    """Logged as they were sent (the emergency numbers are no phone numbers of a person)."""
+    from agents.packs.common import scrub_input
+    from agents.packs.red_flags import ADVICE
+
+    for text in (FALLBACK, escalation(list(ADVICE))):
+        assert scrub_input(text) == text
