@@ -59,9 +59,13 @@ class GenerationEngine:
         batch_window_s: float = 0.005,
         on_batch: Callable[[int], None] | None = None,
         prefix_entries: int = 8,
+        cache_alone: bool = False,
     ) -> None:
+        """`cache_alone`: a row that arrives alone caches its head before its last user turn
+        (see `prefix_cache`); off, only rows that arrive together share a cached head."""
         self.max_batch_size = max_batch_size
         self.prefixes = PrefixCache(prefix_entries) if prefix_entries > 0 else None
+        self.cache_alone = cache_alone
         self.batch_window_s = batch_window_s
         self.on_batch = on_batch  # called with the row count of every forward pass
         self._pending: list[Row] = []
@@ -137,7 +141,7 @@ class GenerationEngine:
             return
         m = _Model(policy.model, policy.tokenizer, set(), next(policy.model.parameters()).device)
         m.eos = _eos_ids(m.model, m.tokenizer)
-        m.marker = turn_marker(m.tokenizer)
+        m.marker = turn_marker(m.tokenizer) if self.cache_alone else ()
         joinable = _mergeable(m.model)
         batch = self._prefill(m, rows)
         while batch is not None:

@@ -31,8 +31,10 @@ def policy():
     return SimpleNamespace(model=model, tokenizer=tok)
 
 
-def _engine(entries: int) -> GenerationEngine:
-    eng = GenerationEngine(max_batch_size=8, batch_window_s=0.05, prefix_entries=entries)
+def _engine(entries: int, alone: bool = False) -> GenerationEngine:
+    eng = GenerationEngine(
+        max_batch_size=8, batch_window_s=0.05, prefix_entries=entries, cache_alone=alone
+    )
     eng.start()
     return eng
 
@@ -115,7 +117,7 @@ def test_a_row_alone_caches_its_head_before_the_user_turn(policy):
     assert head == last_turn_start(first, turn_marker(tok)) >= MIN_PREFIX
     assert first[:head] == second[:head] and cache.misses == 1
     assert cache.head(policy.model, [second], turn_marker(tok))[0] == head and cache.hits == 1
-    eng = _engine(8)
+    eng = _engine(8, alone=True)
     try:
         params = [SamplingParams(temperature=0.0, max_tokens=6)]
         out, _ = _run(eng, policy, [first], params)
