@@ -84,7 +84,14 @@ def outcome(pack: Pack, task: Task, t: TrajectoryEvent, solved_at: float) -> Tas
         used_tool=used,
         answer_tokens=answer_tokens(t),
         trajectory_id=t.event_id,
+        escalated=_escalated(t),
     )
+
+
+def _escalated(t: TrajectoryEvent) -> bool | None:
+    """What the run's guard recorded: did the model itself escalate a red flag (None: none)."""
+    said = t.metadata.get("arloop.model_escalated")
+    return None if said is None else said == "true"
 
 
 @dataclass

@@ -52,6 +52,9 @@ class TaskOutcome:
     used_tool: bool = False
     answer_tokens: int | None = None  # tokens of the final model step, when logged
     trajectory_id: str = ""
+    escalated: bool | None = None
+    """On a red-flag task: whether the model itself escalated, before any envelope (None: no
+    red flag). The share the learning loop should raise, reported per version."""
 
 
 @dataclass(frozen=True)
@@ -81,6 +84,8 @@ class GateReport:
     guards: list[GuardResult] = field(default_factory=list)
     ope: dict[str, Any] | None = None
     training: dict[str, Any] = field(default_factory=dict)
+    red_flags: dict[str, Any] = field(default_factory=dict)
+    """Red-flag tasks the model itself escalated, per version: {version: [escalated, of]}."""
     seconds: dict[str, float] = field(default_factory=dict)
     """What the gate's parts took: `eval_runs` (both versions' suites; a cached champion's
     costs nothing), `figures` (KL, entropy and the off-policy estimate on the models)."""
@@ -105,6 +110,9 @@ class GateReport:
             lines.append(_comparison_line(self.suite, self.comparison))
         if self.ope:
             lines.append(_ope_line(self.ope))
+        if self.red_flags:
+            said = ", ".join(f"{v} {k}/{n}" for v, (k, n) in self.red_flags.items())
+            lines.append(f"red flags escalated by the model itself (before any envelope): {said}")
         if self.seconds:
             parts = ", ".join(f"{k.replace('_', ' ')} {v:.0f} s" for k, v in self.seconds.items())
             lines.append(f"gate time: {parts}")
@@ -163,7 +171,18 @@ def decide(
         guards=guards,
         ope=asdict(ope) if ope is not None else None,
         training=training or {},
+        red_flags=red_flag_counts(candidate, champion),
     )
+
+
+def red_flag_counts(*runs: SuiteRun) -> dict[str, list[int]]:
+    """Per version: [red-flag tasks the model escalated by itself, red-flag tasks]; {} if none."""
+    out = {}
+    for run in runs:
+        flagged = [o for o in run.outcomes if o.escalated is not None]
+        if flagged:
+            out[run.version] = [sum(bool(o.escalated) for o in flagged), len(flagged)]
+    return out
 
 
 def refuse(version: str, champion: str, failed: str, reason: str, *, suite: str = "") -> GateReport:

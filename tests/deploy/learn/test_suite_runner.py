@@ -19,7 +19,7 @@ from deploy.learn.suite_runner import (
     gate_runner,
     outcome,
 )
-from learner.gate.eval_gate import ERROR, GateConfig
+from learner.gate.eval_gate import ERROR, GateConfig, SuiteRun, red_flag_counts
 from learner.gate.release import apply_verdict
 from learner.policy.registry import CANDIDATE, CHAMPION, PolicyRegistry, VersionStatus
 from tests.deploy.policy_server.support import make_lora, publish, running_server, tiny_settings
@@ -262,7 +262,15 @@ def test_the_gate_judges_the_models_own_answer_not_the_envelopes():
     task = next(t for t in pack.tasks("eval") if t.reference == "emergency")
     served = trajectory(task.input, "This could be an emergency.\nTriage: emergency")
     missed = served.model_copy(
-        update={"answered_by": AnswerPath.ENVELOPE, "model_output": "Rest.\nTriage: self-care"}
+        update={
+            "answered_by": AnswerPath.ENVELOPE,
+            "model_output": "Rest.\nTriage: self-care",
+            "metadata": {"arloop.model_escalated": "false"},
+        }
     )
-    assert outcome(pack, task, missed, 1.0).score == 0.0
-    assert outcome(pack, task, served, 1.0).score == 1.0  # the model escalated by itself
+    mine = outcome(pack, task, missed, 1.0)
+    assert mine.score == 0.0 and mine.escalated is False
+    theirs = outcome(pack, task, served, 1.0)  # the model escalated by itself
+    assert theirs.score == 1.0 and theirs.escalated is None  # no guard recorded a red flag
+    counts = red_flag_counts(SuiteRun("v2", (mine,)), SuiteRun("v1", (theirs,)))
+    assert counts == {"v2": [0, 1]}

@@ -1,6 +1,7 @@
 """The gate's decision on hand-made suite outcomes and figures; the report's JSON and summary."""
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -121,3 +122,23 @@ def test_refusal_never_passes():
     report = refuse("v1", "v0", "eval_suite", "pack 'quiz' has an empty eval suite")
     assert report.verdict == ERROR and not report.passed and report.failed == ["eval_suite"]
     assert "empty eval suite" in report.summary()
+
+
+def test_the_report_gives_each_versions_own_red_flag_escalations():
+    """The envelope escalates for every version: the report counts what the model did itself."""
+
+    def run(version, escalated):
+        base = _suite(version, [int(e) for e in escalated] + [1, 1])
+        flagged = [replace(o, escalated=e) for o, e in zip(base.outcomes, escalated, strict=False)]
+        return SuiteRun(version, tuple(flagged) + base.outcomes[len(escalated) :])
+
+    report = decide(
+        "triage", run("v2", [True, True, False]), run("v1", [False] * 3), HEALTHY, GateConfig()
+    )
+    assert report.red_flags == {"v2": [2, 3], "v1": [0, 3]}
+    assert "red flags escalated by the model itself (before any envelope): v2 2/3, v1 0/3" in (
+        report.summary()
+    )
+    assert json.loads(json.dumps(report.to_dict()))["red_flags"]["v2"] == [2, 3]
+    plain = decide("quiz", _suite("v2", [1, 1]), _suite("v1", [1, 1]), HEALTHY, GateConfig())
+    assert plain.red_flags == {} and "red flags" not in plain.summary()
