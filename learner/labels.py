@@ -54,9 +54,9 @@ class Grounding:
     """Model calls per run, as the agent's graph allows."""
     tool_format: ToolFormat = "hermes"
     """How the policy server writes tools and calls (`ARLOOP_TOOL_FORMAT`, resolved)."""
-    temperature: float | None = None
     max_tokens: int | None = None
-    """The agent's own temperature and token budget (None: the round's sampling)."""
+    """The agent's own token budget (None: the round's). The temperature is always the
+    round's: replays explore, even for an agent served greedily."""
     stop: tuple[str, ...] = ()
     include_stop: bool = False
     frequency_penalty: float = 0.0

@@ -125,10 +125,11 @@ def replay(
 
 
 def _params(start: Start, temperature: float, max_tokens: int, seed: int) -> SamplingParams:
-    """How one turn samples: the agent's own settings where its pack gives them."""
+    """How one turn samples: the round's temperature, the agent's own budget, stops and
+    penalties where its pack gives them."""
     g = start.grounding
     return SamplingParams(
-        temperature=temperature if g.temperature is None else g.temperature,
+        temperature=temperature,
         max_tokens=max_tokens if g.max_tokens is None else g.max_tokens,
         stop=g.stop,
         include_stop=g.include_stop,

@@ -84,7 +84,6 @@ def groundings(packs: list[Pack], tool_format: ToolFormat) -> dict[str, Groundin
                 agent.tools,
                 agent.max_steps,
                 tool_format,
-                temperature=g.temperature,
                 max_tokens=g.max_tokens,
                 stop=g.stop,
                 include_stop=g.include_stop,
