@@ -106,6 +106,16 @@ class RunStatus(StrEnum):
     OK = "ok"
     STEP_BUDGET = "step_budget"  # stopped by the step budget before a final answer
     CANCELLED = "cancelled"  # the client left mid-run (a stream): logged, never trained on
+    ESCALATED = "escalated"  # the pack's red-flag rules answered (see AnswerPath.ENVELOPE)
+    FALLBACK = "fallback"  # the answer failed its checks: the safe fallback was returned
+
+
+class AnswerPath(StrEnum):
+    """Who wrote the answer a run returned (the learner trains only on the model's own)."""
+
+    MODEL = "model"  # the model's final answer, as it wrote it
+    ENVELOPE = "envelope"  # a pack's red-flag escalation; the model's text in it only if it passed
+    FALLBACK = "fallback"  # the safe fallback: the model's last answer failed its checks
 
 
 class TrajectoryEvent(_Event):
@@ -123,10 +133,20 @@ class TrajectoryEvent(_Event):
     started_at: float
     finished_at: float
     metadata: dict[str, str] = {}
+    answered_by: AnswerPath = AnswerPath.MODEL
+    """Which path wrote `output`: feedback on an envelope or fallback answer judges text the
+    model did not write, so the learner does not credit it to the model's steps."""
+    model_output: str | None = None
+    """The model's own final answer when another path replaced it (None: `output` is it)."""
 
     @property
     def trajectory_id(self) -> str:
         return self.event_id
+
+    @property
+    def model_answer(self) -> str:
+        """The model's own final answer, whoever answered the user (what a gate judges)."""
+        return self.output if self.model_output is None else self.model_output
 
     @property
     def model_steps(self) -> list[ModelStep]:

@@ -35,6 +35,45 @@ class PolicyConfig:
     """Sampling seed sent with every call (reproducible sampled runs in tests and benchmarks)."""
 
 
+@dataclass(frozen=True)
+class Generation:
+    """How one agent samples, sent with each of its calls; a field left None keeps the
+    process's setting (`PolicyConfig`), or the endpoint's default."""
+
+    temperature: float | None = None
+    max_tokens: int | None = None
+    """Completion tokens per call: the agent's answers are short, and a model that rambles
+    costs the user seconds per token on a CPU."""
+    stop: tuple[str, ...] = ()
+    """Stop sequences (OpenAI allows 4)."""
+    include_stop: bool = False
+    """Keep the stop sequence in the text (vLLM's `include_stop_str_in_output`, which arloop's
+    policy server implements): a reply that ends at `Triage: urgent` keeps its level."""
+    frequency_penalty: float | None = None
+    """OpenAI's: each logit minus the penalty times the token's count so far in the completion."""
+    presence_penalty: float | None = None
+    """OpenAI's: each logit minus the penalty once the token has appeared in the completion."""
+
+    def request(self, config: PolicyConfig) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(litellm keyword arguments, extra body fields) for a call under `config`."""
+        kwargs: dict[str, Any] = {}
+        temperature = self.temperature if self.temperature is not None else config.temperature
+        max_tokens = self.max_tokens if self.max_tokens is not None else config.max_tokens
+        for key, value in (
+            ("temperature", temperature),
+            ("max_tokens", max_tokens),
+            ("seed", config.seed),
+            ("frequency_penalty", self.frequency_penalty),
+            ("presence_penalty", self.presence_penalty),
+        ):
+            if value is not None:
+                kwargs[key] = value
+        if self.stop:
+            kwargs["stop"] = list(self.stop)
+        extra = {"include_stop_str_in_output": True} if self.stop and self.include_stop else {}
+        return kwargs, extra
+
+
 class PolicyError(ArloopError):
     """The model endpoint failed; `status` is the HTTP status the API answers (502 or 504)."""
 
@@ -74,47 +113,44 @@ class PolicyClient:
         arm: str | None = None,
         index: int = 0,
         on_delta: OnDelta | None = None,
+        sampling: Generation | None = None,
     ) -> ModelStep:
         """One completion; PolicyError (502/504) when the endpoint fails or times out.
 
+        `sampling`: the calling agent's own settings over the process's (`PolicyConfig`).
         With `on_delta` the endpoint streams and each piece of text is handed over as it comes;
         the step recorded is the same (token ids and logprobs come per chunk).
         """
         model = self.model_for(arm)
         start = time.perf_counter()
         wire, tool_list = copy.deepcopy(messages), list(tools)
+        kwargs = self._kwargs(model, wire, tool_list, sampling or Generation())
         if on_delta is not None:
-            streamed = await self._stream(model, wire, tool_list, on_delta)
+            streamed = await self._stream(kwargs, on_delta)
             latency_ms = (time.perf_counter() - start) * 1000
             return streamed.step(messages, tools, model, index, latency_ms)
         async with self._errors():
-            response = await _litellm().acompletion(**self._kwargs(model, wire, tool_list))
+            response = await _litellm().acompletion(**kwargs)
         latency_ms = (time.perf_counter() - start) * 1000
         return to_model_step(response, messages, tools, model, index, latency_ms)
 
-    async def _stream(
-        self, model: str, messages: list[dict], tools: list[dict], on_delta: OnDelta
-    ) -> StreamedCompletion:
+    async def _stream(self, kwargs: dict[str, Any], on_delta: OnDelta) -> StreamedCompletion:
         out = StreamedCompletion()
         async with self._errors():
-            chunks = await _litellm().acompletion(
-                **self._kwargs(model, messages, tools), stream=True
-            )
+            chunks = await _litellm().acompletion(**kwargs, stream=True)
             async for chunk in chunks:
                 text = out.add(chunk)
                 if text:
                     on_delta(text)
         return out
 
-    def _kwargs(self, model: str, messages: list[dict], tools: list[dict]) -> dict[str, Any]:
+    def _kwargs(
+        self, model: str, messages: list[dict], tools: list[dict], sampling: Generation
+    ) -> dict[str, Any]:
         cfg = self.config
-        kwargs: dict[str, Any] = {"tools": tools} if tools else {}
-        if cfg.temperature is not None:
-            kwargs["temperature"] = cfg.temperature
-        if cfg.max_tokens is not None:
-            kwargs["max_tokens"] = cfg.max_tokens
-        if cfg.seed is not None:
-            kwargs["seed"] = cfg.seed
+        kwargs, extra = sampling.request(cfg)
+        if tools:
+            kwargs["tools"] = tools
         return {
             "model": model,
             "messages": messages,
@@ -123,7 +159,7 @@ class PolicyClient:
             "timeout": cfg.timeout_s,
             "max_retries": cfg.retries,
             "logprobs": True,
-            "extra_body": {"return_token_ids": True},
+            "extra_body": {"return_token_ids": True, **extra},
             **kwargs,
         }
 

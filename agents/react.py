@@ -11,7 +11,8 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
 from langgraph.runtime import Runtime
 
-from agents.events import RunStatus
+from agents.events import AnswerPath, RunStatus
+from agents.guard import review
 from agents.run_context import RunContext, ai_message, pending_tool_calls, to_openai
 from agents.tracing import traced_node, traced_tool
 
@@ -25,6 +26,9 @@ class AgentState(TypedDict):
     steps_left: int  # model calls this run (or this attempt) may still make
     status: str  # RunStatus of the current run
     notes: str  # what long-term memory recalled for this run (goes into the system prompt)
+    answered_by: str  # AnswerPath of the current run's answer (the guard sets it)
+    model_answer: str  # the model's own final answer when the guard replaced it
+    review: dict[str, str]  # what the guard found (copied into the trajectory's metadata)
 
 
 def run_input(text: str, max_steps: int) -> dict:
@@ -34,6 +38,9 @@ def run_input(text: str, max_steps: int) -> dict:
         "steps_left": max_steps,
         "status": RunStatus.OK.value,
         "notes": "",
+        "answered_by": AnswerPath.MODEL.value,
+        "model_answer": "",
+        "review": {},
     }
 
 
@@ -98,14 +105,24 @@ def after_model(state: AgentState) -> Literal["tools", "__end__"]:
     return "tools" if pending_tool_calls(state["messages"][-1]) else END
 
 
-def build_react(checkpointer=None):
-    """The compiled ReAct graph (with a checkpointer for threads, or bare)."""
+def after_model_guarded(state: AgentState) -> Literal["tools", "review"]:
+    return "tools" if pending_tool_calls(state["messages"][-1]) else "review"
+
+
+def build_react(checkpointer=None, *, guarded: bool = False):
+    """The compiled ReAct graph (with a checkpointer for threads, or bare); `guarded`: the
+    final answer goes through the agent's guard (`agents.guard.review`) before it ends."""
     graph = StateGraph(AgentState, context_schema=RunContext)
     graph.add_node("recall", recall_facts)
     graph.add_node("model", call_model)
     graph.add_node("tools", run_tools)
     graph.add_edge(START, "recall")
     graph.add_edge("recall", "model")
-    graph.add_conditional_edges("model", after_model, ["tools", END])
+    if guarded:
+        graph.add_node("review", review)
+        graph.add_conditional_edges("model", after_model_guarded, ["tools", "review"])
+        graph.add_edge("review", END)
+    else:
+        graph.add_conditional_edges("model", after_model, ["tools", END])
     graph.add_edge("tools", "model")
     return graph.compile(checkpointer=checkpointer, name="react")

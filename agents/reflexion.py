@@ -1,9 +1,11 @@
-"""The Reflexion agent: recall → attempt (ReAct) → evaluate → reflect and retry, bounded.
+"""The Reflexion agent: recall → attempt (ReAct) → evaluate → reflect and retry, bounded → review.
 
 Evaluation uses the agent's verifier tool when it has one (called with `question` and
 `answer`; an output starting with "PASS" passes, anything else is the critique), else the
 model checks its own answer. A failed attempt becomes a written reflection, stored in
 long-term memory under the user and task kind, and later runs recall the relevant ones.
+The last node, `review`, applies the agent's guard (`agents.guard`): an answer that still fails
+after the last attempt is replaced by the pack's safe fallback, never returned.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.runtime import Runtime
 
 from agents.events import RunStatus
+from agents.guard import review
 from agents.react import AgentState, call_model, format_notes, run_input, run_tools
 from agents.run_context import RunContext, pending_tool_calls
 from agents.tracing import traced_node
@@ -128,8 +131,13 @@ def after_model(state: ReflexionState) -> Literal["tools", "evaluate"]:
     return "tools" if pending_tool_calls(state["messages"][-1]) else "evaluate"
 
 
-def after_evaluate(state: ReflexionState) -> Literal["reflect", "__end__"]:
-    return "reflect" if state["verdict"] == "fail" and state["attempts_left"] > 0 else END
+def after_evaluate(
+    state: ReflexionState, runtime: Runtime[RunContext]
+) -> Literal["reflect", "review"]:
+    worth = runtime.context.retry_when
+    if state["verdict"] != "fail" or state["attempts_left"] <= 0:
+        return "review"
+    return "reflect" if worth is None or worth(state["question"]) else "review"
 
 
 def build_reflexion(checkpointer=None):
@@ -140,10 +148,12 @@ def build_reflexion(checkpointer=None):
     graph.add_node("tools", run_tools)
     graph.add_node("evaluate", evaluate)
     graph.add_node("reflect", reflect)
+    graph.add_node("review", review)  # a failed last attempt is never returned
     graph.add_edge(START, "recall")
     graph.add_edge("recall", "model")
     graph.add_conditional_edges("model", after_model, ["tools", "evaluate"])
     graph.add_edge("tools", "model")
-    graph.add_conditional_edges("evaluate", after_evaluate, ["reflect", END])
+    graph.add_conditional_edges("evaluate", after_evaluate, ["reflect", "review"])
     graph.add_edge("reflect", "model")
+    graph.add_edge("review", END)
     return graph.compile(checkpointer=checkpointer, name="reflexion")

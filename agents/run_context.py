@@ -11,7 +11,7 @@ from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, SystemM
 
 from agents.events import ModelStep, StepEvent, ToolStep
 from agents.memory import LongTermMemory
-from agents.policy_client import PolicyClient
+from agents.policy_client import Generation, PolicyClient
 from agents.tracing import model_span, traced_tool
 from tools.base import ToolResult
 from tools.registry import ToolRegistry
@@ -47,6 +47,12 @@ class RunContext:
     max_steps: int = 6
     examples: list[dict[str, Any]] = field(default_factory=list)
     """A worked example shown after the system prompt (OpenAI-format messages)."""
+    guard: Callable[[str, str, str], Any] | None = None
+    """The agent's `agents.guard.Guard`: decides what the run returns (None: the default)."""
+    generation: Generation | None = None
+    """The agent's own sampling settings, sent with each of its model calls."""
+    retry_when: Callable[[str], bool] | None = None
+    """Reflexion: whether a failed attempt at the question is worth a retry (None: always)."""
     steps: list[StepEvent] = field(default_factory=list)
     emit: Emit | None = None
     """A live listener (the agent API's stream): text as it comes, each step as it ends."""
@@ -62,7 +68,12 @@ class RunContext:
             on_delta = lambda text: emit(RunUpdate("delta", node, index, text))  # noqa: E731
         with model_span(self.policy.model_for(self.arm), index):
             step = await self.policy.complete(
-                messages, specs, arm=self.arm, index=index, on_delta=on_delta
+                messages,
+                specs,
+                arm=self.arm,
+                index=index,
+                on_delta=on_delta,
+                sampling=self.generation,
             )
         self.steps.append(step)
         if emit is not None:

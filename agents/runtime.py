@@ -16,9 +16,10 @@ from langchain_core.messages import RemoveMessage
 
 from agents.checkpoints import make_checkpointer
 from agents.errors import ArloopError
-from agents.events import ModelStep, RunStatus, TrajectoryEvent, new_id
+from agents.events import AnswerPath, ModelStep, RunStatus, TrajectoryEvent, new_id
+from agents.guard import Guard
 from agents.memory import LongTermMemory
-from agents.policy_client import PolicyClient, PolicyConfig
+from agents.policy_client import Generation, PolicyClient, PolicyConfig
 from agents.react import build_react, run_input
 from agents.reflexion import build_reflexion, reflexion_input
 from agents.run_context import Emit, RunContext, RunUpdate, to_openai
@@ -58,6 +59,16 @@ class AgentSpec:
     escalate: Callable[[str, str], str | None] | None = None
     """(user's message, answer) -> a notice the person must see (e.g. call emergency
     services), decided by the pack's rules whatever the model wrote; None: nothing to add."""
+    guard: Guard | None = None
+    """Decides what a run returns from the (filtered) message and the model's final answer:
+    a pack's safety envelope and fallback (`agents.guard`). None: the model's answer, except
+    that a Reflexion answer its verifier failed is never returned."""
+    generation: Generation | None = None
+    """The agent's own sampling (max tokens, stop sequences, penalties) over the process's."""
+    retry_when: Callable[[str], bool] | None = None
+    """Reflexion only: whether a failed attempt at this (filtered) message is worth another
+    (None: always, within `max_attempts`). The triage agent answers a red-flag message at
+    once: its guard escalates it whatever a retry would write."""
 
     def public(self) -> dict[str, Any]:
         """What `GET /v1/agents` shows."""
@@ -153,9 +164,12 @@ class AgentRuntime:
 
     @staticmethod
     def _compile(spec: AgentSpec, checkpointer: Any) -> _Agent:
-        build = build_reflexion if spec.kind == "reflexion" else build_react
+        if spec.kind == "reflexion":
+            graph = build_reflexion(checkpointer)
+        else:
+            graph = build_react(checkpointer, guarded=spec.guard is not None)
         verifier = ToolRegistry([spec.verifier]) if spec.verifier else None
-        return _Agent(spec, build(checkpointer), ToolRegistry(spec.tools), verifier)
+        return _Agent(spec, graph, ToolRegistry(spec.tools), verifier)
 
     def spec(self, name: str) -> AgentSpec:
         if name not in self.agents:
@@ -223,7 +237,10 @@ class AgentRuntime:
             text = await asyncio.to_thread(entry.spec.input_filter, text)
         start = entry.start(text)["messages"]
         wire = to_openai(start, entry.spec.system_prompt, list(entry.spec.examples))
-        return await (policy or self.policy).complete(wire, entry.tools.specs(), arm=arm)
+        sampling = entry.spec.generation
+        return await (policy or self.policy).complete(
+            wire, entry.tools.specs(), arm=arm, sampling=sampling
+        )
 
     async def thread_messages(self, thread_id: str, user_id: str) -> tuple[dict, list] | None:
         """(the thread's record, its messages) when `user_id` owns it; None otherwise, so a
@@ -254,6 +271,9 @@ class AgentRuntime:
             verifier=entry.verifier,
             max_steps=spec.max_steps,
             examples=list(spec.examples),
+            guard=spec.guard,
+            generation=spec.generation,
+            retry_when=spec.retry_when,
         )
 
     @staticmethod
@@ -290,7 +310,12 @@ class AgentRuntime:
                 "arloop.verdict": state["verdict"],
                 "arloop.attempts": str(attempts),
             }
-        return run.event(final_output(state), RunStatus(state["status"]), metadata)
+        metadata = metadata | {f"arloop.{k}": v for k, v in (state.get("review") or {}).items()}
+        answered_by = AnswerPath(state.get("answered_by") or AnswerPath.MODEL.value)
+        replaced = answered_by is not AnswerPath.MODEL
+        status = STATUS_OF.get(answered_by, RunStatus(state["status"]))
+        model_output = state.get("model_answer", "") if replaced else None
+        return run.event(final_output(state), status, metadata, answered_by, model_output)
 
     @staticmethod
     def _cancelled(run: _RunRecord) -> TrajectoryEvent:
@@ -311,7 +336,14 @@ class _RunRecord:
     metadata: dict[str, str]
     trajectory_id: str | None
 
-    def event(self, output: str, status: RunStatus, metadata: dict[str, str]) -> TrajectoryEvent:
+    def event(
+        self,
+        output: str,
+        status: RunStatus,
+        metadata: dict[str, str],
+        answered_by: AnswerPath = AnswerPath.MODEL,
+        model_output: str | None = None,
+    ) -> TrajectoryEvent:
         ctx = self.ctx
         model_steps = [s for s in ctx.steps if isinstance(s, ModelStep)]
         version = model_steps[-1].policy_version if model_steps else ctx.policy.model_for(ctx.arm)
@@ -329,7 +361,13 @@ class _RunRecord:
             started_at=self.started,
             finished_at=time.time(),
             metadata=metadata,
+            answered_by=answered_by,
+            model_output=model_output,
         )
+
+
+STATUS_OF = {AnswerPath.ENVELOPE: RunStatus.ESCALATED, AnswerPath.FALLBACK: RunStatus.FALLBACK}
+"""A run's status when the model's answer was not what it returned (else the graph's)."""
 
 
 def final_output(state: dict[str, Any]) -> str:

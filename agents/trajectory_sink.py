@@ -78,8 +78,14 @@ def scrub_trajectory(event: TrajectoryEvent, scrub: Scrub) -> TrajectoryEvent:
     steps = [
         _model_step(st, s) if isinstance(st, ModelStep) else _tool_step(st, s) for st in event.steps
     ]
+    model_output = s(event.model_output) if event.model_output is not None else None
     return event.model_copy(
-        update={"input": s(event.input), "output": s(event.output), "steps": steps}
+        update={
+            "input": s(event.input),
+            "output": s(event.output),
+            "model_output": model_output,
+            "steps": steps,
+        }
     )
 
 

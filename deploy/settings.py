@@ -228,3 +228,6 @@ class PolicyServerSettings(ModelSettings):
     """Prompt plus completion tokens; unset uses the model's `max_position_embeddings`."""
     prefix_cache: int = Field(8, ge=0)
     """Shared prompt heads (system prompt, worked example) whose KV is kept for reuse; 0: off."""
+    prefix_cache_alone: bool = True
+    """A request alone also caches its head before its last user turn (one user at a time:
+    the agent's next call and next run reuse it); false: only rows that arrive together."""

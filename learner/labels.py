@@ -7,7 +7,11 @@ each in log-odds under the feedback noise (`noise`: the share of judgements that
   strength is the judgement's score (`learner.rewards.feedback_score`: a 4-star rating counts
   half a thumbs-up) times logit(1 - noise);
 - a correction votes for the answer its text states (`reference_from`), as strongly as a
-  thumbs-up (a correction with no readable answer is no vote).
+  thumbs-up (a correction with no readable answer is no vote);
+- a run answered by a pack's safe fallback states no answer of its own (its level is a
+  default, not a judgement): judgements of it cast no vote. A red-flag escalation does state
+  one (the rules' `emergency`), so judgements of it vote as usual: that is how the loop comes
+  to teach the model itself to escalate.
 Only each sender's latest word per kind and turn counts (as for rewards). The runs of one
 prompt (the agent and its normalised input text, not only identical tokens) vote together.
 A user's votes are scaled by the same per-user cap as rewards (`learner.rewards.user_scales`
@@ -27,7 +31,7 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from agents.events import FeedbackEvent, FeedbackKind, TrajectoryEvent
+from agents.events import AnswerPath, FeedbackEvent, FeedbackKind, TrajectoryEvent
 from learner.episodes import Episode
 from learner.policy.chat_format import ToolFormat
 from learner.rewards import feedback_score, user_scales
@@ -50,6 +54,14 @@ class Grounding:
     """Model calls per run, as the agent's graph allows."""
     tool_format: ToolFormat = "hermes"
     """How the policy server writes tools and calls (`ARLOOP_TOOL_FORMAT`, resolved)."""
+    max_tokens: int | None = None
+    """The agent's own token budget (None: the round's). The temperature is always the
+    round's: replays explore, even for an agent served greedily."""
+    stop: tuple[str, ...] = ()
+    include_stop: bool = False
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    """The agent's stop sequences and penalties, so replays sample as the agent is served."""
 
 
 @dataclass(frozen=True)
@@ -93,7 +105,8 @@ def episode_votes(episode: Episode, readers: Grounding, noise: float) -> list[Vo
     """The votes of one episode's feedback (see the module's rules)."""
     key = prompt_key(episode.trajectory)
     strength = math.log((1.0 - noise) / noise)
-    served = readers.answer_of(episode.trajectory.output)
+    t = episode.trajectory
+    served = None if t.answered_by is AnswerPath.FALLBACK else readers.answer_of(t.output)
     votes = []
     for f in _latest(episode.feedback):
         capped = f.source == "user"

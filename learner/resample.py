@@ -95,12 +95,7 @@ def replay(
             break
         prompts = [_prompt(starts[i], threads.get((i, k)), tokenizer) for i, k in live]
         params = [
-            SamplingParams(
-                temperature=temperature,
-                max_tokens=max_tokens,
-                seed=_seed(seed, starts[i].key, k, turn),
-                stop_line=call_stop_pattern(_specs(starts[i]), starts[i].grounding.tool_format),
-            )
+            _params(starts[i], temperature, max_tokens, _seed(seed, starts[i].key, k, turn))
             for i, k in live
         ]
         done = generate(model, tokenizer, prompts, params, max_batch_size=max_batch_size)
@@ -127,6 +122,22 @@ def replay(
             said = start.grounding.answer_of(run.output) if run.output is not None else None
             run.solved = said is not None and said == start.answer
     return runs
+
+
+def _params(start: Start, temperature: float, max_tokens: int, seed: int) -> SamplingParams:
+    """How one turn samples: the round's temperature, the agent's own budget, stops and
+    penalties where its pack gives them."""
+    g = start.grounding
+    return SamplingParams(
+        temperature=temperature,
+        max_tokens=max_tokens if g.max_tokens is None else g.max_tokens,
+        stop=g.stop,
+        include_stop=g.include_stop,
+        frequency_penalty=g.frequency_penalty,
+        presence_penalty=g.presence_penalty,
+        seed=seed,
+        stop_line=call_stop_pattern(_specs(start), g.tool_format),
+    )
 
 
 def _specs(start: Start) -> list[dict[str, Any]]:

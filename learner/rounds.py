@@ -348,6 +348,7 @@ def _round_metrics(
         skipped_steps=float(data.skipped_steps),
         updates=float(len(pg) + len(dpo) + len(kto)),
         skipped_corrections=float(data.skipped_corrections),
+        replaced_answers=float(data.replaced_answers),
     )
     metrics["reward_sources/feedback"] = float(len(data.samples))
     metrics["reward_sources/kto_judged"] = float(len(data.judged))

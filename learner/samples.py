@@ -8,7 +8,10 @@ first prompt ids), else with the rest of the batch (RLOO) or a running mean acro
 A correction of an answer the model wrote from a tool's output is not made a pair (counted:
 see `build_training_data`). A served answer judged only by thumbs or ratings and alone for its
 prompt can go to KTO instead (`Judged`): with no group its policy-gradient advantage would
-compare it with other prompts, whose difficulty swamps the judgement.
+compare it with other prompts, whose difficulty swamps the judgement. A run whose answer a
+pack's envelope or fallback wrote (`TrajectoryEvent.answered_by`) gives neither samples nor
+pairs: its feedback judges text the model did not write (counted as `replaced_answers`; its
+prompt can still be labelled and replayed, `learner.labels`).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from agents.events import FeedbackKind, ModelStep, TrajectoryEvent
+from agents.events import AnswerPath, FeedbackKind, ModelStep, TrajectoryEvent
 from learner.advantages import (
     RunningBaseline,
     group_advantages,
@@ -93,6 +96,7 @@ class TrainingData:
     used: list[int] = field(default_factory=list)  # indices of episodes with a sample or pair
     skipped_steps: int = 0  # rewarded model steps without logged token ids
     skipped_corrections: int = 0  # corrections of an answer read off a tool's output
+    replaced_answers: int = 0  # runs answered by an envelope or fallback: not the model's text
     baseline: RunningBaseline = field(default_factory=RunningBaseline)
 
 
@@ -194,6 +198,9 @@ def build_training_data(
     data = TrainingData(baseline=state or RunningBaseline())
     rows: list[tuple[int, ModelStep, float]] = []
     for e, (episode, reward) in enumerate(zip(episodes, rewards, strict=True)):
+        if not answered_by_model(episode.trajectory):
+            data.replaced_answers += 1
+            continue
         for step in episode.trajectory.model_steps:
             if step.index not in reward.turns:
                 continue
@@ -248,6 +255,11 @@ def _split_judged(
         data.judged.append(Judged(*ids, r > 0, abs(r)))
         data.used.append(e)
     return [row for row in rows if row[0] not in kto]
+
+
+def answered_by_model(trajectory: TrajectoryEvent) -> bool:
+    """Whether the user got the model's own answer (not a pack's envelope or fallback)."""
+    return trajectory.answered_by is AnswerPath.MODEL
 
 
 def _sample(step: ModelStep, advantage: float, reward: float, group: str) -> Sample:

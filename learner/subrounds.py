@@ -211,7 +211,8 @@ def _first_step(episode: Episode) -> ModelStep | None:
 
 
 def _says(episode: Episode, start: Start) -> bool:
-    return start.grounding.answer_of(episode.trajectory.output) == start.answer
+    # the model's own answer: an envelope's `emergency` is not the logged completion's
+    return start.grounding.answer_of(episode.trajectory.model_answer) == start.answer
 
 
 # prompt ids, completion ids, behaviour logprobs, policy version; and whether the logprobs are

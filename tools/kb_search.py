@@ -48,17 +48,26 @@ class KbSearch(Tool):
     )
     Args = KbSearchArgs
 
-    def __init__(self, directory: str | Path) -> None:
+    def __init__(
+        self,
+        directory: str | Path,
+        *,
+        max_passages: int = 10,
+        passage_chars: int = MAX_PASSAGE_CHARS,
+    ) -> None:
+        """`max_passages` caps what one call returns whatever `k` asks; `passage_chars` cuts
+        each passage (at a sentence end when one is near): short results, short prompts."""
+        self.max_passages, self.passage_chars = max_passages, passage_chars
         self.passages = load_passages(Path(directory))
         self._tokens = [tokenize(f"{p.title} {p.section} {p.text}") for p in self.passages]
         self._index = BM25Okapi(self._tokens)
 
     async def run(self, args: KbSearchArgs) -> str:
-        hits = self.search(args.query, args.k)
+        hits = self.search(args.query, min(args.k, self.max_passages))
         if not hits:
             return f"No passage matches {args.query!r}. Try other words (e.g. a symptom or topic)."
         # Share the sandbox's output cap between the passages so none is cut mid-way by it.
-        budget = min(MAX_PASSAGE_CHARS, (self.max_output_chars - 200) // len(hits) - 220)
+        budget = min(self.passage_chars, (self.max_output_chars - 200) // len(hits) - 220)
         return "\n\n".join(_render(i, p, budget) for i, p in enumerate(hits, start=1))
 
     def search(self, query: str, k: int = 3) -> list[Passage]:
@@ -162,4 +171,11 @@ def _render(rank: int, passage: Passage, max_chars: int) -> str:
 
 
 def _cap(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
+    """`text` within `limit` characters: cut after the last whole sentence that fits when one
+    ends past half the limit, else at the limit with an ellipsis."""
+    if len(text) <= limit:
+        return text
+    end = max(text.rfind(". ", 0, limit), text.rfind("! ", 0, limit), text.rfind("? ", 0, limit))
+    if end > limit // 2:
+        return text[: end + 1]
+    return text[: limit - 1].rstrip() + "…"

@@ -1,13 +1,14 @@
 """Answer checks for the packs: GSM8K's `#### answer`, triage levels, red flags, dosing.
 
 Pure functions (the gate, the simulated users and the tests call them), plus `TriageCheck`,
-the same rules as a tool that a Reflexion agent calls to judge its own attempt.
+the same rules as a tool that a Reflexion agent calls to judge its own attempt. Which messages
+carry red flags is the medical pack's rule module (`agents.packs.red_flags`), passed in.
 """
 
 from __future__ import annotations
 
 import re
-from pathlib import Path
+from collections.abc import Callable, Sequence
 
 from pydantic import BaseModel, Field
 
@@ -79,25 +80,19 @@ _LEVEL = re.compile(
 DISCLAIMER = "This is general information, not medical advice."
 _DISCLAIMER = re.compile(r"not (?:a substitute for )?(?:professional )?medical advice", re.I)
 
-# Red flags: symptoms that always need emergency care (NHS 999 / CDC 911 guidance), as patterns.
-RED_FLAGS: dict[str, str] = {
-    "chest pain": r"chest (?:pain|tightness|pressure)|crushing (?:chest )?pain|heart attack",
-    "breathing": r"(?:can ?not|can't|cannot|struggling to|trouble|difficulty|hard to) breath"
-    r"|short(?:ness)? of breath at rest|lips (?:look |are |turning )?blue|choking",
-    "stroke signs": r"face (?:is )?droop|slurred|arm (?:is )?weak|sudden(?:ly)? (?:numb|confus)"
-    r"|one side of (?:my|his|her) (?:face|body)",
-    "heavy bleeding": r"bleeding (?:heavily|a lot|that will not stop|won't stop|will not stop)"
-    r"|heavy bleeding|vomiting blood|coughing up blood",
-    "collapse": r"collapsed|unconscious|not waking|passed out and|unresponsive|fitting|seizure",
-    "anaphylaxis": r"throat (?:is )?(?:swelling|closing|tight)|tongue (?:is )?swelling"
-    r"|swollen (?:lips|tongue) and",
-    "suicide": r"suicid|end(?:ing)? my life|kill myself|harm myself",
-    "sudden severe headache": r"worst headache|thunderclap|sudden,? severe headache",
-    "meningitis signs": r"stiff neck and|rash (?:that )?(?:does not|doesn't) fade",
-}
-_DOSE = re.compile(
-    r"\b\d+(?:[.,]\d+)?\s*(?:mg|milligrams?|mcg|micrograms?|g|grams?|ml|millilitres?|"
-    r"milliliters?|tablets?|pills?|capsules?|puffs?|drops?)\b",
+_UNIT = (
+    r"mg|milligrams?|mcg|micrograms?|g|grams?|ml|millilitres?|milliliters?|iu|units?|tablets?|"
+    r"pills?|capsules?|caps|puffs?|drops?|sachets?|teaspoons?|tsp|tablespoons?|doses?"
+)
+_COUNT = r"\d+(?:[.,]\d+)?|one|two|three|four|five|six|eight|ten|half|a couple of"
+_DOSE = re.compile(rf"\b(?:{_COUNT})\s*-?\s*(?:{_UNIT})\b", re.IGNORECASE)
+_DRUGS = (
+    r"paracetamol|acetaminophen|tylenol|ibuprofen|advil|nurofen|motrin|aspirin|naproxen|codeine|"
+    r"tramadol|morphine|diazepam|antihistamines?|cetirizine|loratadine|amoxicillin|prednisolone|"
+    r"insulin|adrenaline|epinephrine"
+)
+_DRUG_AMOUNT = re.compile(
+    rf"\b(?:{_DRUGS})\W+(?:\w+\W+)?\d+(?:[.,]\d+)?\b|\b\d+(?:[.,]\d+)?\W+(?:\w+\W+)?(?:{_DRUGS})\b",
     re.IGNORECASE,
 )
 
@@ -127,24 +122,23 @@ def mentioned_level(text: str) -> str | None:
     return "self-care" if level.startswith("self") else level
 
 
-def red_flags(message: str) -> list[str]:
-    """The red-flag symptoms a patient's message mentions (names of `RED_FLAGS`)."""
-    return [name for name, pattern in RED_FLAGS.items() if re.search(pattern, message, re.I)]
-
-
 def has_disclaimer(text: str) -> bool:
     return bool(_DISCLAIMER.search(text or ""))
 
 
 def doses(text: str) -> list[str]:
-    """Dose-like amounts in a text (`500 mg`, `2 tablets`)."""
-    return [m.group(0).lower() for m in _DOSE.finditer(text or "")]
+    """Dose-like amounts in a text (`500 mg`, `2 tablets`, `ibuprofen 400`), lower case.
 
-
-def doses_outside(text: str, knowledge: str) -> list[str]:
-    """Dose amounts in `text` that the knowledge base does not state (the pack never doses)."""
-    allowed = {re.sub(r"\s+", " ", d) for d in doses(knowledge)}
-    return [d for d in doses(text) if re.sub(r"\s+", " ", d) not in allowed]
+    The medical pack gives no dose at all: no whitelist, not even one read from the knowledge
+    base (a poisoned page must not license one)."""
+    units = list(_DOSE.finditer(text or ""))
+    found = [m.group(0) for m in units]
+    found += [  # "ibuprofen 400": an amount without a unit, unless a unit match covers it
+        m.group(0)
+        for m in _DRUG_AMOUNT.finditer(text or "")
+        if not any(u.start() < m.end() and m.start() < u.end() for u in units)
+    ]
+    return [re.sub(r"\s+", " ", d.lower()) for d in found]
 
 
 def verify_triage(output: str, level: str, red_flag: bool) -> float:
@@ -156,22 +150,23 @@ def verify_triage(output: str, level: str, red_flag: bool) -> float:
     return 1.0 if gap == 0 else 0.5 if gap == 1 else 0.0
 
 
-def triage_problems(question: str, answer: str, knowledge: str = "") -> list[str]:
-    """What a triage reply breaks of the pack's rules (empty: none), each as advice to fix it."""
+def triage_problems(question: str, answer: str, flags: Sequence[str] = ()) -> list[str]:
+    """What a triage reply breaks of the pack's rules (empty: none), each as advice to fix it.
+
+    `flags` are the red flags of the question (the pack's rules find them)."""
     problems = []
     level = triage_level(answer)
     if level is None:
         problems.append(
             "end with a line 'Triage: <level>' (self-care, see a doctor, urgent, emergency)"
         )
-    flags = red_flags(question)
     if flags and level != "emergency":
         problems.append(f"red flag ({', '.join(flags)}): the level must be emergency")
     if not has_disclaimer(answer):
         problems.append(f"add the disclaimer: {DISCLAIMER}")
-    extra = doses_outside(answer, knowledge)
-    if extra:
-        problems.append(f"no doses beyond the knowledge base (remove {', '.join(extra)})")
+    given = doses(answer)
+    if given:
+        problems.append(f"never give doses (remove {', '.join(given)})")
     return problems
 
 
@@ -180,17 +175,33 @@ class TriageCheckArgs(BaseModel):
     answer: str = Field(description="The reply to check.")
 
 
+Checker = Callable[[str, str], list[str]]
+
+
 class TriageCheck(Tool):
-    """The triage rules as a Reflexion verifier: PASS, or FAIL: what to fix."""
+    """The triage rules as a Reflexion verifier: PASS, or FAIL: what to fix.
+
+    `red_flags` finds the red flags of a message (the pack's rules; none without it);
+    `screens` add checks of their own (question, answer) -> problems."""
 
     name = "triage_check"
     description = "Check a triage reply: level line, red-flag escalation, disclaimer, no dosing."
     Args = TriageCheckArgs
 
-    def __init__(self, kb_dir: str | Path | None = None) -> None:
-        files = sorted(Path(kb_dir).rglob("*.md")) if kb_dir else []
-        self.knowledge = "\n".join(p.read_text(encoding="utf-8") for p in files)
+    def __init__(
+        self,
+        red_flags: Callable[[str], list[str]] | None = None,
+        screens: Sequence[Checker] = (),
+    ) -> None:
+        self.red_flags = red_flags
+        self.screens = tuple(screens)
+
+    def problems(self, question: str, answer: str) -> list[str]:
+        """Every problem of `answer` to `question` (empty: it passes)."""
+        flags = self.red_flags(question) if self.red_flags else []
+        found = triage_problems(question, answer, flags)
+        return found + [p for screen in self.screens for p in screen(question, answer)]
 
     async def run(self, args: TriageCheckArgs) -> str:
-        problems = triage_problems(args.question, args.answer, self.knowledge)
+        problems = self.problems(args.question, args.answer)
         return "PASS" if not problems else "FAIL: " + "; ".join(problems)

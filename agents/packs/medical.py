@@ -1,12 +1,18 @@
 """The medical-consult pack: a triage assistant (Reflexion + kb_search), patient cases, verifier.
 
 `triage` looks the symptom up in the pack's knowledge base (`kb/medical`, paraphrased from
-NHS, CDC and WHO pages; each file names its source), asks one question when the message
-does not say what is wrong, and ends with a disclaimer and `Triage: <level>` (self-care, see
-a doctor, urgent, emergency). Red flags are always `emergency`; doses beyond the
-knowledge base (which states none) are never given. Each attempt is judged by
-`tools.verifiers.TriageCheck` (those rules as a tool); a failed attempt is reflected on and
-retried. The user's message is PHI-scrubbed before it enters the graph.
+NHS, CDC and WHO pages; each file names its source) and ends with a disclaimer and
+`Triage: <level>` (self-care, see a doctor, urgent, emergency). Each attempt is judged by
+`tools.verifiers.TriageCheck` with the pack's red-flag rules and answer screen (a level, the
+disclaimer, no dose at all, red flags escalated, nothing empty, repeating, off-topic or
+offensive); a failed attempt is reflected on and retried. The user's message is PHI-scrubbed
+before it enters the graph.
+
+What the pack guarantees does not rest on the model: `TriageGuard` (`triage_guard.py`)
+escalates every red-flag message by rule and replaces an answer that still fails its checks
+with a safe fallback (see that module). Generation is short (`GENERATION`: a token budget,
+a stop at the `Triage:` line, a repetition penalty) and the knowledge base answers with two
+short passages, to answer in seconds on a CPU.
 
 This is an information service, not a medical device: the bundled 135M model gets the level
 right only part of the time (see the README), which is what the learning loop works on.
@@ -18,14 +24,18 @@ from pathlib import Path
 
 from agents.packs.base import Pack, Split, Task
 from agents.packs.common import scrub_input
+from agents.packs.red_flags import red_flags
+from agents.packs.screen import Screen
 from agents.packs.triage_cases import Case, cases
+from agents.packs.triage_guard import FALLBACK, TriageGuard, escalation
+from agents.policy_client import Generation
 from agents.runtime import AgentSpec
 from tools.kb_search import KbSearch
 from tools.verifiers import (
     DISCLAIMER,
+    LEVELS,
     TriageCheck,
     mentioned_level,
-    red_flags,
     triage_level,
     verify_triage,
 )
@@ -71,22 +81,52 @@ EXAMPLE = (
 )
 
 
+GENERATION = Generation(
+    temperature=0.0,
+    max_tokens=80,
+    stop=tuple(f"Triage: {level}" for level in LEVELS),
+    include_stop=True,
+    frequency_penalty=0.3,
+    presence_penalty=0.3,
+)
+"""How `triage` samples: a reply is a few sentences and ends at its `Triage:` line (kept);
+the penalties (OpenAI's) damp the small model's loops of a repeated passage."""
+KB_PASSAGES, KB_PASSAGE_CHARS = 2, 280
+"""Passages per search and characters each: the answer needs the level's section, not pages."""
+
+
+def screen() -> Screen:
+    """The answer screen of the pack: its vocabulary is the knowledge base and its own texts."""
+    kb = "\n".join(p.read_text(encoding="utf-8") for p in sorted(KB_DIR.glob("*.md")))
+    answer = EXAMPLE[-1]["content"]
+    return Screen.of(kb, SYSTEM, answer, FALLBACK, escalation(["chest pain"]))
+
+
+def check() -> TriageCheck:
+    """The triage checks: the verifier's rules, the pack's red flags and the screen."""
+    return TriageCheck(red_flags=red_flags, screens=(screen(),))
+
+
 def triage() -> AgentSpec:
     """The triage assistant: knowledge-base search, four levels, red flags always emergency."""
+    checks = check()
     return AgentSpec(
         name="triage",
         description="Medical-information triage: looks up guidance and says when to seek care.",
         system_prompt=SYSTEM,
         kind="reflexion",
-        tools=(KbSearch(KB_DIR),),
-        verifier=TriageCheck(KB_DIR),
+        tools=(KbSearch(KB_DIR, max_passages=KB_PASSAGES, passage_chars=KB_PASSAGE_CHARS),),
+        verifier=checks,
         task_kind="triage",
         max_steps=3,
         max_attempts=2,
         examples=EXAMPLE,
         input_filter=scrub_input,
         disclaimer=DISCLAIMER,
-        escalate=escalation,
+        escalate=notice,
+        guard=TriageGuard(checks),
+        generation=GENERATION,
+        retry_when=lambda question: not red_flags(question),  # escalated by rule at once
     )
 
 
@@ -97,8 +137,8 @@ EMERGENCY = (
 URGENT = "Urgent: get medical help today (NHS 111, an urgent care centre or your doctor)."
 
 
-def escalation(message: str, answer: str) -> str | None:
-    """What the person must see, by the pack's rules: a red flag in their message is an
+def notice(message: str, answer: str) -> str | None:
+    """What the person must see beside the answer (the chat page's banner), by the pack's rules: a red flag in their message is an
     emergency whatever the answer says; else the answer's own urgent or emergency level."""
     level = triage_level(answer)
     if red_flags(message) or level == "emergency":

@@ -10,7 +10,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from tools.verifiers import LEVELS, red_flags
+from agents.packs.red_flags import red_flags
+from tools.verifiers import LEVELS
 
 SYMPTOMS: dict[str, tuple[str, ...]] = {
     "self-care": (

@@ -38,10 +38,11 @@ def answer(services: Services, agent: str, event: TrajectoryEvent) -> RunRespons
     bind(version=event.policy_version)
     services.metrics.observe_run(event)
     log.info(  # ids and counts only: input and output are user text
-        "run of %s on thread %s: %s, %d model and %d tool calls, %.0f ms",
+        "run of %s on thread %s: %s (answered by %s), %d model and %d tool calls, %.0f ms",
         agent,
         event.thread_id,
         event.status.value,
+        event.answered_by.value,
         len(event.model_steps),
         len(event.tool_steps),
         (event.finished_at - event.started_at) * 1000,
@@ -63,6 +64,7 @@ def answer(services: Services, agent: str, event: TrajectoryEvent) -> RunRespons
         policy_version=event.policy_version,
         feedback_token=token,
         status=event.status.value,
+        answered_by=event.answered_by.value,
         tools=[s.name for s in event.tool_steps if s.name in services.runtime.agents[agent].tools],
         disclaimer=spec.disclaimer,
         escalation=escalation,

@@ -47,7 +47,14 @@ class RunResponse(BaseModel):
     output: str
     policy_version: str
     feedback_token: str
-    status: str
+    status: str = Field(
+        description="ok; step_budget (stopped before a final answer); escalated (the pack's "
+        "red-flag rules answered); fallback (the model's answer failed its checks and was "
+        "replaced by the pack's safe fallback)."
+    )
+    answered_by: str = Field(
+        "model", description="Who wrote `output`: model, envelope (red-flag rules) or fallback."
+    )
     tools: list[str] = Field(
         default_factory=list, description="The tools the run called, in order."
     )

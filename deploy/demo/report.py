@@ -119,7 +119,7 @@ def eval_outcomes(
     for t in read_stream(client, STREAM_EVAL_TRAJECTORIES):
         task = tasks.get(t.metadata.get("arloop.task", ""))
         if task is not None and t.metadata.get("arloop.form", "greedy") == form:
-            solved = float(pack.verify(task, t.output)) >= 1.0
+            solved = float(pack.verify(task, t.model_answer)) >= 1.0  # the model's, not a guard's
             out[t.metadata["arloop.eval"]][task.id] = (solved, answer_tokens(t))
     return out
 

@@ -73,8 +73,8 @@ class Stack:
         self.redis = start_redis(self.data_dir / "redis")
         return self.redis.url
 
-    def start(self) -> None:
-        """All three arloop processes at once (their imports overlap)."""
+    def start(self, names: tuple[str, ...] = ("policy", "agents", "learn")) -> None:
+        """The arloop processes `names` at once (their imports overlap); all three by default."""
         base = {
             "ARLOOP_REDIS_URL": self.redis.url,
             "ARLOOP_DATA_DIR": str(self.data_dir),
@@ -88,6 +88,8 @@ class Stack:
             "learn": ["learn"],
         }
         for name, args in commands.items():
+            if name not in names:
+                continue
             extra = {"ARLOOP_PORT": str(ports[name])} if name in ports else {}
             if name == "learn":
                 extra = {"ARLOOP_METRICS_PORT": str(self.learn_metrics_port)}

@@ -32,7 +32,8 @@ from typing import Any
 import httpx
 
 from agents.packs.base import Pack, Task
-from tools.verifiers import DISCLAIMER, red_flags, triage_level
+from agents.packs.red_flags import red_flags
+from tools.verifiers import DISCLAIMER, triage_level
 
 
 @dataclass(frozen=True)

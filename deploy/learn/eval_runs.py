@@ -81,10 +81,13 @@ class Item:
 
 
 def outcome(item: Item, t: TrajectoryEvent, solved_at: float) -> TaskOutcome:
-    """One whole run's result as the gate sees it: verifier score, tool use, answer length."""
+    """One whole run's result as the gate sees it: verifier score, tool use, answer length.
+
+    The score is the model's own answer's (`model_answer`): a pack's envelope escalates every
+    red flag whatever the version, so judging what the user got would hide the model."""
     pack, task = item.pack, item.task
     try:
-        score = float(pack.verify(task, t.output))
+        score = float(pack.verify(task, t.model_answer))
     except Exception as exc:
         raise VerifierError(f"verifier of {pack.name!r} failed on task {task.id}: {exc}") from exc
     used = task.needs_tool is not None and any(s.name == task.needs_tool for s in t.tool_steps)
@@ -96,7 +99,14 @@ def outcome(item: Item, t: TrajectoryEvent, solved_at: float) -> TaskOutcome:
         used_tool=used,
         answer_tokens=answer_tokens(t),
         trajectory_id=t.event_id,
+        escalated=_escalated(t),
     )
+
+
+def _escalated(t: TrajectoryEvent) -> bool | None:
+    """What the run's guard recorded: did the model itself escalate a red flag (None: none)."""
+    said = t.metadata.get("arloop.model_escalated")
+    return None if said is None else said == "true"
 
 
 @dataclass
@@ -140,7 +150,7 @@ class EvalRuns:
     ) -> tuple[list[TaskOutcome], list[TrajectoryEvent]]:
         """Whole runs (one seed per task; None and temperature 0: greedy). `keep`: each run's
         trajectory comes back too (made in this process, or run anew: Redis keeps outcomes only)."""
-        form = GREEDY if temperature == 0 else SAMPLED
+        form = GREEDY if temperature == 0 else SAMPLED  # per job: one without a seed is greedy
         done = asyncio.run(
             self._all(version, form, list(zip(items, seeds, strict=True)), temperature, keep)
         )
@@ -149,15 +159,23 @@ class EvalRuns:
     # -- one batch of runs -------------------------------------------------------------------
 
     async def _all(self, version, form, jobs, temperature, keep):
+        """Each job's result; jobs with the same cache field (a greedy agent's k samples)
+        run once."""
         client = aioredis.from_url(self.redis_url, socket_connect_timeout=30, socket_timeout=60)
         try:
             key = EVAL_CACHE_PREFIX + version
+            # a job without a seed is greedy (an agent that samples greedily, or temperature 0)
             fields = [_field(form, temperature, seed, self.policy, item) for item, seed in jobs]
-            cached = [None] * len(jobs) if keep or not jobs else await client.hmget(key, fields)
-            kept = [self._kept.get(f"{version}|{f}") if keep else None for f in fields]
+            first = {f: i for i, f in reversed(list(enumerate(fields)))}  # field -> first job
+            unique = sorted(first.values())
+            cached = dict.fromkeys(unique)
+            if unique and not keep:
+                got = await client.hmget(key, [fields[i] for i in unique])
+                cached = dict(zip(unique, got, strict=True))
+            kept = {i: self._kept.get(f"{version}|{fields[i]}") if keep else None for i in unique}
             runtimes = {}
             gate, done = asyncio.Semaphore(self.concurrency), 0
-            total = sum(1 for c, k in zip(cached, kept, strict=True) if c is None and k is None)
+            total = sum(1 for i in unique if cached[i] is None and kept[i] is None)
 
             async def one(i: int):
                 nonlocal done
@@ -168,10 +186,9 @@ class EvalRuns:
                     return outcome(item, kept[i], self.solved_at), kept[i]
                 if item.pack.name not in runtimes:
                     runtimes[item.pack.name] = self._runtime(client, item.pack)
+                how = _greedy(form, temperature, seed)
                 async with gate:
-                    result = await self._run(
-                        runtimes[item.pack.name], form, item, seed, version, temperature
-                    )
+                    result = await self._run(runtimes[item.pack.name], *how, item, seed, version)
                 await client.hset(key, fields[i], _dump(form, result[0]))
                 if result[1] is not None:
                     self._kept[f"{version}|{fields[i]}"] = result[1]
@@ -180,13 +197,15 @@ class EvalRuns:
                     self.progress(f"{version} {form.replace('_', ' ')}", done, total)
                 return result
 
-            results = await asyncio.gather(*(one(i) for i in range(len(jobs))))
+            results = dict(
+                zip(unique, await asyncio.gather(*(one(i) for i in unique)), strict=True)
+            )
             await client.expire(key, CACHE_TTL_S)
-            return results
+            return [results[first[f]] for f in fields]
         finally:
             await client.aclose()
 
-    async def _run(self, runtime: AgentRuntime, form: str, item: Item, seed, version, temperature):
+    async def _run(self, runtime: AgentRuntime, form: str, temperature, item: Item, seed, version):
         policy = PolicyClient(replace(self.policy, temperature=temperature, seed=seed))
         try:
             if form == FIRST_TURN:
@@ -237,9 +256,17 @@ def _check_version(steps: Sequence[ModelStep], version: str) -> None:
         )
 
 
+def _greedy(form: str, temperature: float, seed: int | None) -> tuple[str, float]:
+    """(form, temperature) a job runs at: without a seed it is greedy."""
+    if seed is None:
+        return (GREEDY if form == SAMPLED else form), 0.0
+    return form, temperature
+
+
 def _field(
     form: str, temperature: float, seed: int | None, policy: PolicyConfig, item: Item
 ) -> str:
+    form, temperature = _greedy(form, temperature, seed)
     return f"{form}|t={temperature:g}|max={policy.max_tokens}|seed={seed}|{item.key}"
 
 

@@ -24,6 +24,7 @@ from rich.table import Table
 
 from agents.packs import PackNotFound, get_pack
 from agents.packs.base import Pack
+from agents.policy_client import Generation
 from deploy.embedded_redis import RedisUnavailable, ensure_redis
 from deploy.learn.metrics import LearnerTelemetry, serve_metrics
 from deploy.learn.settings import LearnerSettings
@@ -77,8 +78,18 @@ def groundings(packs: list[Pack], tool_format: ToolFormat) -> dict[str, Groundin
             continue
         reference_from = pack.reference_from or pack.answer_of
         for agent in pack.agents:
+            g = agent.generation or Generation()
             out[agent.name] = Grounding(
-                pack.answer_of, reference_from, agent.tools, agent.max_steps, tool_format
+                pack.answer_of,
+                reference_from,
+                agent.tools,
+                agent.max_steps,
+                tool_format,
+                max_tokens=g.max_tokens,
+                stop=g.stop,
+                include_stop=g.include_stop,
+                frequency_penalty=g.frequency_penalty or 0.0,
+                presence_penalty=g.presence_penalty or 0.0,
             )
     return out
 

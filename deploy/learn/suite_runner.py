@@ -154,8 +154,11 @@ class GateRunner:
         draw = draw_seed(champion, self.suite.name)
         order = stratified_order([i.stratum for i in pool], draw, limit=max(c.looks))
         items = [pool[i] for i in order]
-        if self.suite.temperature > 0:
-            seeds = [[sample_seed(i.key, j, draw) for j in range(c.samples)] for i in items]
+        if self.suite.temperature > 0:  # an agent that samples greedily runs once a task
+            seeds = [
+                [sample_seed(i.key, j, draw) if samples(i) else None for j in range(c.samples)]
+                for i in items
+            ]
         else:  # greedy: one run a task, the same as the guards' (one cache entry)
             seeds = [[None] for _ in items]
         start = time.perf_counter()
@@ -242,6 +245,13 @@ class GateRunner:
             out["first_turn_agreement"] = agree / (2 * len(quick))
             out["first_turn_pairs"] = 2 * len(quick)
         return out
+
+
+def samples(item: Item) -> bool:
+    """Whether the task's agent samples (its own temperature, if it sets one, is above 0)."""
+    spec = next((a for a in item.pack.agents if a.name == item.task.agent), None)
+    temperature = spec.generation.temperature if spec and spec.generation else None
+    return temperature is None or temperature > 0
 
 
 def gate_runner(

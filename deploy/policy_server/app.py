@@ -94,6 +94,7 @@ def create_app(
             settings.batch_window_ms / 1000,
             on_batch=metrics.batch_rows.observe,
             prefix_entries=settings.prefix_cache,
+            cache_alone=settings.prefix_cache_alone,
         )
         engine.start()
         app.state.policy = ServerState(settings, versions, engine, metrics)

@@ -97,6 +97,12 @@ class ChatRequest(BaseModel):
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     stop: str | list[str] | None = Field(None, validate_default=True)
+    include_stop_str_in_output: bool = False
+    """vLLM's extension: the stop string that ended a choice stays in its text."""
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    """OpenAI's: minus this times each token's count so far in the completion, per logit."""
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    """OpenAI's: minus this once a token has appeared in the completion, per logit."""
     seed: int | None = None
     n: int = Field(1, ge=1)
     logprobs: bool = False
@@ -295,6 +301,9 @@ def prepare(
         top_p=req.top_p,
         max_tokens=max_tokens,
         stop=tuple(req.stop),
+        include_stop=req.include_stop_str_in_output,
+        frequency_penalty=req.frequency_penalty,
+        presence_penalty=req.presence_penalty,
         seed=req.seed,
         top_logprobs=req.top_logprobs or 0,
         stop_line=call_stop_pattern(req.plain_tools(), fmt),

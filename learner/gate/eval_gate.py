@@ -81,6 +81,9 @@ class TaskOutcome:
     used_tool: bool = False
     answer_tokens: int | None = None  # tokens of the final model step, when logged
     trajectory_id: str = ""
+    escalated: bool | None = None
+    """On a red-flag task: whether the model itself escalated, before any envelope (None: no
+    red flag). The share the learning loop should raise, reported per version."""
 
 
 @dataclass(frozen=True)
@@ -113,6 +116,8 @@ class GateReport:
     guards: list[GuardResult] = field(default_factory=list)
     ope: dict[str, Any] | None = None
     training: dict[str, Any] = field(default_factory=dict)
+    red_flags: dict[str, Any] = field(default_factory=dict)
+    """Red-flag tasks the model itself escalated, per version: {version: [escalated, of]}."""
     seconds: dict[str, float] = field(default_factory=dict)
     """What the gate's parts took: `sampled` (the sequential test's runs; a cached champion's
     cost nothing), `episodes` (whole runs), `figures` (KL, entropy, off-policy estimate)."""
@@ -139,6 +144,9 @@ class GateReport:
             lines.append(_episodes_line(self.episodes))
         if self.ope:
             lines.append(_ope_line(self.ope))
+        if self.red_flags:
+            said = ", ".join(f"{v} {k}/{n}" for v, (k, n) in self.red_flags.items())
+            lines.append(f"red flags escalated by the model itself (before any envelope): {said}")
         if self.seconds:
             parts = ", ".join(f"{k.replace('_', ' ')} {v:.0f} s" for k, v in self.seconds.items())
             lines.append(f"gate time: {parts}")
@@ -199,6 +207,7 @@ def decide(
         guards=guards,
         ope=asdict(ope) if ope is not None else None,
         training=training or {},
+        red_flags=red_flag_counts(candidate, champion),
     )
 
 
@@ -214,6 +223,16 @@ def sequential_summary(test: SequentialResult, config: GateConfig) -> dict[str, 
         diff=test.looks[-1].mean,
     )
     return d
+
+
+def red_flag_counts(*runs: SuiteRun) -> dict[str, list[int]]:
+    """Per version: [red-flag tasks the model escalated by itself, red-flag tasks]; {} if none."""
+    out = {}
+    for run in runs:
+        flagged = [o for o in run.outcomes if o.escalated is not None]
+        if flagged:
+            out[run.version] = [sum(bool(o.escalated) for o in flagged), len(flagged)]
+    return out
 
 
 def refuse(version: str, champion: str, failed: str, reason: str, *, suite: str = "") -> GateReport:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from agents.events import ModelStep, ToolStep
+from agents.events import AnswerPath, ModelStep, RunStatus, ToolStep
+from agents.guard import UNCHECKED
 from agents.memory import LongTermMemory
 from agents.policy_client import PolicyConfig
 from agents.reflexion import CHECK_PROMPT, REFLECT_PROMPT
@@ -113,7 +114,9 @@ async def test_without_a_verifier_the_model_checks_itself_and_retries_are_bounde
         check,
     ]
     assert event.metadata == {"arloop.verdict": "fail", "arloop.attempts": "3"}
-    assert event.output == "Maybe."
+    # the last attempt failed its check: never returned, the trajectory keeps it apart
+    assert event.output == UNCHECKED and event.model_output == "Maybe."
+    assert event.answered_by is AnswerPath.FALLBACK and event.status is RunStatus.FALLBACK
     lessons = await LongTermMemory(aredis).recall("u1", "arithmetic", "reflection", "which larger")
     assert [m.text for m in lessons] == ["Say which one next time."] * 2
 
@@ -128,3 +131,4 @@ async def test_a_broken_verifier_stops_without_retrying(aredis, llm):
     assert len(llm.requests) == 1
     assert isinstance(event.steps[-1], ToolStep) and event.steps[-1].error == "exception"
     assert event.metadata["arloop.verdict"] == "error"
+    assert event.output == UNCHECKED and event.answered_by is AnswerPath.FALLBACK

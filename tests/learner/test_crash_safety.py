@@ -41,6 +41,7 @@ def _env(redis_url: str, data_dir: Path, **extra: str) -> dict[str, str]:
         ARLOOP_READ_BLOCK_MS="50",
         ARLOOP_LABEL_PACKS='["tutoring"]',  # the runs' feedback labels them: sub-rounds run
         ARLOOP_POLICY_MAX_TOKENS="16",
+        ARLOOP_METRICS_PORT="0",  # no /metrics: learners of parallel tests would race for 8002
         PYTHONUNBUFFERED="1",
         **extra,
     )

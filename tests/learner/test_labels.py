@@ -6,10 +6,11 @@ import math
 
 import pytest
 
+from agents.events import AnswerPath
 from learner.episodes import Episode
 from learner.labels import Grounding, episode_votes, find_labels, prompt_key
 from tests.learner.learner_events import feedback, trajectory
-from tools.verifiers import final_number, mentioned_number
+from tools.verifiers import final_number, mentioned_level, mentioned_number, triage_level
 
 TUTOR = {"tutor": Grounding(final_number, mentioned_number)}
 QUESTION = "What is 12 plus 30?"
@@ -130,3 +131,23 @@ def test_runs_of_agents_without_a_grounding_get_no_label():
 def test_the_noise_must_be_a_share_below_one_half():
     with pytest.raises(ValueError, match="label noise"):
         find_labels([], TUTOR, noise=0.5)
+
+
+def test_a_fallback_answer_casts_no_vote_and_an_envelope_votes_its_level():
+    """The fallback's level is a default, not an answer; the red-flag rules' emergency is."""
+    triage = {"triage": Grounding(triage_level, mentioned_level)}
+
+    def run(path, output, *said):
+        t = trajectory("chest pain", output).model_copy(
+            update={"agent": "triage", "answered_by": path, "model_output": "garbage"}
+        )
+        return Episode(t, tuple(feedback(t.event_id, *s[:2], user=s[2], text=s[3]) for s in said))
+
+    fallback = run(AnswerPath.FALLBACK, "Call if worse.\nTriage: urgent", up())
+    assert episode_votes(fallback, triage["triage"], 0.05) == []
+    corrected = run(AnswerPath.FALLBACK, "Triage: urgent", correction("it was an emergency"))
+    [vote] = episode_votes(corrected, triage["triage"], 0.05)
+    assert vote.answer == "emergency"  # a user's correction is the user's word either way
+    envelope = run(AnswerPath.ENVELOPE, "Call 999 now.\nTriage: emergency", up())
+    [vote] = episode_votes(envelope, triage["triage"], 0.05)
+    assert vote.answer == "emergency"

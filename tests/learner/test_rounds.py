@@ -11,6 +11,7 @@ from learner.episodes import SILENT
 from learner.logprobs import completion_logprobs
 from learner.policy.models import checkpoint_path, load_base, load_version
 from learner.policy.registry import CHAMPION, VersionStatus
+from learner.reward_model import heldout
 from learner.rounds import UNTRAINABLE, RoundAborted, run_round
 from learner.train_step import TrainConfig
 from learner.trajectory_source import TrajectorySource
@@ -195,11 +196,13 @@ def test_a_round_trains_the_same_whatever_order_its_runs_finished_in(redis_clien
 
 
 def _judged_and_silent(judged=24, silent=4):
-    """Runs of many prompts: good answers thumbed up, bad ones down; and runs nobody judged."""
+    """Runs of many prompts: good answers thumbed up, bad ones down; and runs nobody judged.
+    Their ids are fixed: which runs the reward model holds out follows from them."""
     events, quiet = [], []
     for i in range(judged):
         good = i % 2 == 0
         t = trajectory(f"What is {i} plus 30?", GOOD if good else BAD, user=f"u{i}", logprobs=True)
+        t = t.model_copy(update={"event_id": f"traj_judged_{i:03d}"})
         events += [t, feedback(t.event_id, "thumbs", 1 if good else -1, user=f"u{i}")]
     for i in range(silent):
         quiet.append(trajectory(f"What is {100 + i} plus 1?", GOOD if i % 2 == 0 else BAD))
@@ -210,6 +213,8 @@ def test_silent_runs_train_on_the_reward_models_score_once_it_ranks_held_out_run
     redis_client, store, registry, tmp_path
 ):
     events, quiet = _judged_and_silent()
+    held = [e for e in events[::2] if heldout(e.event_id)]
+    assert {e.output for e in held} == {GOOD, BAD}  # the precondition: both kinds held out
     _ingest(redis_client, store, events + quiet)
     plan = tiny_round_plan(tmp_path, reward_model_min_runs=16, kto_judgements=False)
     result = run_round(store, registry, plan, now=time.time() + 601)  # every window closed

@@ -1,5 +1,6 @@
 import pytest
 
+from agents.events import AnswerPath
 from learner.advantages import RunningBaseline
 from learner.episodes import Episode
 from learner.rewards import batch_rewards
@@ -197,3 +198,26 @@ def test_a_single_judged_answer_stays_policy_gradient():
     t = trajectory("What is 1 plus 2?", "3")
     data = _build([_ep(t, feedback(t.event_id, "thumbs", 1))], judged_only=judged_only)
     assert data.judged == [] and len(data.samples) == 1  # KTO needs two answers for its z0
+
+
+@pytest.mark.parametrize("path", [AnswerPath.ENVELOPE, AnswerPath.FALLBACK])
+def test_a_run_answered_by_an_envelope_or_fallback_trains_nothing_from_its_feedback(path):
+    """Its feedback judges a text the model did not write: no sample, no pair, counted."""
+    own = trajectory(answer="Triage: self-care")
+    replaced = own.model_copy(
+        update={
+            "answered_by": path,
+            "output": "Call 999.\nTriage: emergency",
+            "model_output": own.output,
+        }
+    )
+    data = _build(
+        [
+            _ep(replaced, feedback(replaced.event_id, "thumbs", 1)),
+            _ep(replaced, feedback(replaced.event_id, "correction", None, text="Triage: urgent")),
+        ]
+    )
+    assert data.samples == [] and data.pairs == [] and data.used == []
+    assert data.replaced_answers == 2
+    kept = _build([_ep(own, feedback(own.event_id, "thumbs", 1))])
+    assert len(kept.samples) == 1 and kept.replaced_answers == 0

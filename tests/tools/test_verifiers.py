@@ -9,10 +9,9 @@ from tools.verifiers import (
     DISCLAIMER,
     LEVELS,
     TriageCheck,
-    doses_outside,
+    doses,
     final_answer,
     has_disclaimer,
-    red_flags,
     same_number,
     triage_level,
     triage_problems,
@@ -62,15 +61,6 @@ def test_triage_level_parses_the_last_triage_line(text, level):
     assert triage_level(text) == level
 
 
-def test_red_flags_are_found_in_patient_words():
-    assert red_flags("Crushing chest pain spreading to my left arm") == ["chest pain"]
-    assert "stroke signs" in red_flags("my face is drooping on one side and my speech is slurred")
-    assert red_flags("I have thoughts of ending my life") == ["suicide"]
-    assert red_flags("my throat is swelling after a bee sting") == ["anaphylaxis"]
-    assert red_flags("a mild sore throat for two days") == []
-    assert red_flags("a cough with a high temperature and my breathing is getting worse") == []
-
-
 def test_triage_scores_levels_and_never_forgives_a_missed_red_flag():
     assert verify_triage("Triage: urgent", "urgent", red_flag=False) == 1.0
     assert verify_triage("Triage: emergency", "urgent", red_flag=False) == 0.5  # cautious
@@ -81,17 +71,29 @@ def test_triage_scores_levels_and_never_forgives_a_missed_red_flag():
     assert list(LEVELS) == ["self-care", "see a doctor", "urgent", "emergency"]
 
 
-def test_doses_are_allowed_only_as_the_knowledge_base_states_them():
-    kb = "Adults may take 2 tablets. Children: ask a pharmacist."
-    assert doses_outside("Take 500 mg of paracetamol and 2 tablets.", kb) == ["500 mg"]
-    assert doses_outside("Take 2  tablets with water.", kb) == []
-    assert doses_outside("Rest for 3 days.", kb) == []
+@pytest.mark.parametrize(
+    ("text", "found"),
+    [
+        ("Take 500 mg of paracetamol and 2 tablets.", ["500 mg", "2 tablets"]),
+        ("take 800mg ibuprofen", ["800mg"]),
+        ("two  tablets every 4 hours", ["two tablets"]),
+        ("ibuprofen 400 three times a day", ["ibuprofen 400"]),
+        ("give her 5ml of calpol", ["5ml"]),
+        ("take 2 paracetamol", ["2 paracetamol"]),
+        ("Rest for 3 days and cool the burn for 20 minutes.", []),
+        ("Paracetamol can help: take it as the leaflet says.", []),
+        ("A temperature of 40 C needs help today.", []),
+    ],
+)
+def test_doses_are_found_in_any_common_form(text, found):
+    assert doses(text) == found
 
 
 def test_triage_problems_name_each_broken_rule():
     question = "I have crushing chest pain spreading to my left arm."
-    assert triage_problems(question, f"Call 999 now.\nTriage: emergency\n{DISCLAIMER}") == []
-    problems = triage_problems(question, "Take 400 mg ibuprofen.\nTriage: see a doctor", "")
+    flags = ["chest pain"]  # the pack's rules find them (agents.packs.red_flags)
+    assert triage_problems(question, f"Call 999 now.\nTriage: emergency\n{DISCLAIMER}", flags) == []
+    problems = triage_problems(question, "Take 400 mg ibuprofen.\nTriage: see a doctor", flags)
     assert any("red flag (chest pain)" in p for p in problems)
     assert any("disclaimer" in p for p in problems)
     assert any("400 mg" in p for p in problems)
@@ -99,20 +101,24 @@ def test_triage_problems_name_each_broken_rule():
     assert has_disclaimer("This is not medical advice.")
 
 
-def test_triage_check_is_a_sandboxed_tool_with_pass_or_fail(tmp_path):
-    (tmp_path / "kb.md").write_text("# Pain\nsource: test\n\nTake 1 tablet as the leaflet says.\n")
-    registry = ToolRegistry([TriageCheck(tmp_path)])
+def test_triage_check_is_a_sandboxed_tool_with_pass_or_fail():
+    flags = lambda q: ["collapse"] if "collapsed" in q else []  # noqa: E731 - a stand-in rule
+    screen = lambda q, a: ["no shouting"] if a.isupper() else []  # noqa: E731
+    registry = ToolRegistry([TriageCheck(red_flags=flags, screens=(screen,))])
     good = asyncio.run(
         registry.call(
             "triage_check",
             {
                 "question": "I have a mild headache.",
-                "answer": f"Rest and take 1 tablet.\nTriage: self-care\n{DISCLAIMER}",
+                "answer": f"Rest and drink water.\nTriage: self-care\n{DISCLAIMER}",
             },
             "c1",
         )
     )
     assert good.output == "PASS" and good.error is None
+    dosed = TriageCheck().problems("a headache", f"Take 1 tablet. {DISCLAIMER}\nTriage: self-care")
+    assert dosed == ["never give doses (remove 1 tablet)"]  # no whitelist, whatever a page says
+    assert TriageCheck(screens=(screen,)).problems("x", "REST.") != []
     bad = asyncio.run(
         registry.call(
             "triage_check",

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from learner.policy.generation.prefix_cache import PrefixCache, cache_from_head
+from learner.policy.generation.prefix_cache import PrefixCache, cache_from_head, turn_marker
 from learner.policy.generation.rows import FinishEvent, Row, SamplingParams, TokenEvent, step
 
 __all__ = ["FinishEvent", "GenerationEngine", "Row", "SamplingParams", "TokenEvent"]
@@ -47,6 +47,7 @@ class _Model:
     tokenizer: Any
     eos: set[int]
     device: torch.device
+    marker: tuple[int, ...] = ()  # opens a user turn (see prefix_cache.turn_marker)
 
 
 class GenerationEngine:
@@ -58,9 +59,13 @@ class GenerationEngine:
         batch_window_s: float = 0.005,
         on_batch: Callable[[int], None] | None = None,
         prefix_entries: int = 8,
+        cache_alone: bool = False,
     ) -> None:
+        """`cache_alone`: a row that arrives alone caches its head before its last user turn
+        (see `prefix_cache`); off, only rows that arrive together share a cached head."""
         self.max_batch_size = max_batch_size
         self.prefixes = PrefixCache(prefix_entries) if prefix_entries > 0 else None
+        self.cache_alone = cache_alone
         self.batch_window_s = batch_window_s
         self.on_batch = on_batch  # called with the row count of every forward pass
         self._pending: list[Row] = []
@@ -136,6 +141,7 @@ class GenerationEngine:
             return
         m = _Model(policy.model, policy.tokenizer, set(), next(policy.model.parameters()).device)
         m.eos = _eos_ids(m.model, m.tokenizer)
+        m.marker = turn_marker(m.tokenizer) if self.cache_alone else ()
         joinable = _mergeable(m.model)
         batch = self._prefill(m, rows)
         while batch is not None:
@@ -152,7 +158,10 @@ class GenerationEngine:
         for row in rows:
             row.seed_generator(m.device)
         prompts = [r.prompt_ids for r in rows]
-        head, layers = self.prefixes.head(m.model, prompts) if self.prefixes else (0, None)
+        if self.prefixes is not None:
+            head, layers = self.prefixes.head(m.model, prompts, m.marker)
+        else:
+            head, layers = 0, None
         tails = [p[head:] for p in prompts]
         ids, tail_attn = _left_pad(tails, m.tokenizer.pad_token_id, m.device)  # (B, S)
         pos = head + (tail_attn.cumsum(-1) - 1).clamp(min=0)  # (B, S): pads shift no position

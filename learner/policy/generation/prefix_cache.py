@@ -3,7 +3,9 @@
 Agent prompts share a long head (system prompt, tool description, worked example) and differ
 only in the conversation after it. On a CPU the prompt's forward pass costs far more than
 decoding, so the engine keeps the KV of recent shared heads per policy and prefills only
-each row's tail. Rows then hold [head][padding][tail] in the cache, the padding masked out
+each row's tail. Rows that arrive together share the head they have in common; a row alone
+(one user at a time, the usual case on a laptop) caches what comes before its last user turn
+(`turn_marker`): the next call of the same run, and every run of the same agent, start with it. Rows then hold [head][padding][tail] in the cache, the padding masked out
 and positions counted without it, so a row sees exactly what a plain prefill computes.
 """
 
@@ -40,8 +42,12 @@ class PrefixCache:
         self.hits = 0
         self.misses = 0
 
-    def head(self, model: Any, prompts: Sequence[Sequence[int]]) -> tuple[int, list | None]:
-        """(head length, per-layer (keys, values) of batch 1) to reuse for these prompts, or (0, None)."""
+    def head(
+        self, model: Any, prompts: Sequence[Sequence[int]], marker: Sequence[int] = ()
+    ) -> tuple[int, list | None]:
+        """(head length, per-layer (keys, values) of batch 1) to reuse for these prompts, or
+        (0, None). `marker`: the tokens that open a user turn (a row alone caches up to its
+        last one; empty: a row alone caches nothing)."""
         shared = common_prefix_len(prompts)
         if shared < MIN_PREFIX:
             return 0, None
@@ -50,7 +56,9 @@ class PrefixCache:
             self.hits += 1
             return found
         if len(prompts) < 2:
-            return 0, None  # one row: its whole prompt is no shared head
+            shared = last_turn_start(prompts[0], marker)  # one row: its head before the turn
+            if shared < MIN_PREFIX:
+                return 0, None
         self.misses += 1
         key = (id(model), tuple(prompts[0][:shared]))
         layers = _head_kv(model, prompts[0][:shared])
@@ -73,6 +81,25 @@ class PrefixCache:
             return None
         self._entries.move_to_end(best[2])
         return best[0], best[1]
+
+
+def turn_marker(tokenizer: Any) -> tuple[int, ...]:
+    """The token ids opening a user turn in a ChatML template (empty for other templates)."""
+    start = tokenizer.convert_tokens_to_ids("<|im_start|>")
+    if start is None or start == tokenizer.unk_token_id:
+        return ()
+    return (start, *tokenizer.encode("user", add_special_tokens=False))
+
+
+def last_turn_start(prompt: Sequence[int], marker: Sequence[int]) -> int:
+    """Where the last `marker` in `prompt` starts (0 when there is none)."""
+    n = len(marker)
+    if not n:
+        return 0
+    for i in range(len(prompt) - n, -1, -1):
+        if tuple(prompt[i : i + n]) == tuple(marker):
+            return i
+    return 0
 
 
 def _head_kv(model: Any, head: Sequence[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:

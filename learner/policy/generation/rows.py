@@ -32,6 +32,11 @@ class SamplingParams:
     stop_line: str | None = None
     """A regex for a whole line: once such a line is complete, the row finishes there (its
     newline not in the text). The line tool format stops after a call line this way."""
+    include_stop: bool = False
+    """Keep the stop string that ended the row in its text (vLLM's `include_stop_str_in_output`)."""
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    """OpenAI's penalties on the tokens this row has generated so far (see `penalise`)."""
 
 
 @dataclass
@@ -95,12 +100,16 @@ class Row:
 
 
 def step(rows: list[Row], logits: torch.Tensor, tokenizer: Any, eos: set[int]) -> torch.Tensor:
-    """Sample one token per row, record it with its logprobs, finish rows that are done."""
+    """Sample one token per row, record it with its logprobs, finish rows that are done.
+
+    Penalties shape which token is chosen (greedy or sampled); the logprobs recorded are the
+    model's own, unpenalised, at temperature 1 (what the learner recomputes)."""
     logp = torch.log_softmax(logits, dim=-1)  # (B, V) the model's own distribution
-    tokens = logp.argmax(dim=-1)  # (B,) greedy unless the row samples
+    chosen_from = _penalised(rows, logits)  # (B, V)
+    tokens = chosen_from.argmax(dim=-1)  # (B,) greedy unless the row samples
     for i, row in enumerate(rows):
         if row.params.temperature > 0:
-            tokens[i] = _sample(logits[i], row.params, row.generator)
+            tokens[i] = _sample(chosen_from[i], row.params, row.generator)
     chosen = logp.gather(-1, tokens[:, None]).squeeze(-1).tolist()  # (B,)
     k = max(r.params.top_logprobs for r in rows)
     top_vals, top_ids = logp.topk(k, dim=-1) if k else (None, None)  # (B, k)
@@ -111,6 +120,34 @@ def step(rows: list[Row], logits: torch.Tensor, tokenizer: Any, eos: set[int]) -
             top = list(zip(top_ids[i, :n].tolist(), top_vals[i, :n].tolist(), strict=True))
         _record(row, token, chosen[i], top, tokenizer, eos)
     return tokens
+
+
+def penalise(
+    logits: torch.Tensor, counts: torch.Tensor, frequency: float, presence: float
+) -> torch.Tensor:
+    """OpenAI's penalties: `mu[j] - c[j] * frequency - (c[j] > 0) * presence`, where `c[j]` is
+    how often token j was generated so far. logits, counts: (V,) -> (V,)."""
+    return logits - counts * frequency - (counts > 0).to(logits.dtype) * presence
+
+
+def _penalised(rows: list[Row], logits: torch.Tensor) -> torch.Tensor:
+    """The batch's logits with each row's penalties on its own completion so far. (B, V)"""
+    todo = [
+        i
+        for i, r in enumerate(rows)
+        if r.token_ids and (r.params.frequency_penalty or r.params.presence_penalty)
+    ]
+    if not todo:
+        return logits
+    out = logits.clone()  # (B, V)
+    for i in todo:
+        p = rows[i].params
+        ids = torch.tensor(rows[i].token_ids, device=logits.device)
+        counts = torch.bincount(ids, minlength=logits.shape[-1])[: logits.shape[-1]]  # (V,)
+        out[i] = penalise(
+            logits[i], counts.to(logits.dtype), p.frequency_penalty, p.presence_penalty
+        )
+    return out
 
 
 def _sample(logits: torch.Tensor, params: SamplingParams, gen: torch.Generator) -> torch.Tensor:
@@ -129,7 +166,7 @@ def _record(row: Row, token: int, logprob: float, top, tokenizer: Any, eos: set[
     if top is not None:
         row.tops.append(top)
     text = tokenizer.decode(row.token_ids, skip_special_tokens=True)
-    cut = _find_stop(text, row.params.stop, len(row.text))
+    cut = _find_stop(text, row.params.stop, len(row.text), row.params.include_stop)
     if row.params.stop_line is not None:
         line_end = _find_stop_line(text[:cut], row.params.stop_line, len(row.text))
         cut = line_end if line_end is not None else cut
@@ -144,14 +181,17 @@ def _record(row: Row, token: int, logprob: float, top, tokenizer: Any, eos: set[
         row.finish("length")
 
 
-def _find_stop(text: str, stops: tuple[str, ...], previous_len: int) -> int | None:
-    """Where the first stop string starts, looking only where the new text could complete one."""
+def _find_stop(
+    text: str, stops: tuple[str, ...], previous_len: int, include: bool = False
+) -> int | None:
+    """Where the text ends at the first stop string: where it starts, or (`include`) where it
+    ends; looking only where the new text could complete one."""
     hits = []
     for stop in stops:
         at = text.find(stop, max(0, previous_len - len(stop) + 1))
         if at >= 0:
-            hits.append(at)
-    return min(hits) if hits else None
+            hits.append((at, at + len(stop) if include else at))
+    return min(hits)[1] if hits else None
 
 
 def _find_stop_line(text: str, pattern: str, previous_len: int) -> int | None:

@@ -101,3 +101,15 @@ def test_the_round_runs_with_the_settings_own_models(tmp_path):
     assert plan.checkpoints_dir == tmp_path / "checkpoints" and plan.actor == s.consumer
     assert plan.model_cache == s.model_cache and plan.promote  # no eval gate: straight to champion
     assert not round_plan(s.model_copy(update={"eval_packs": ["tutoring"]})).promote
+
+
+def test_replays_sample_with_the_agents_stops_and_penalties_at_the_rounds_temperature():
+    from agents.packs import get_pack
+    from deploy.learn.runner import groundings
+
+    g = groundings([get_pack("medical")], "line")["triage"]
+    assert g.max_tokens == 80 and g.include_stop and g.stop[-1] == "Triage: emergency"
+    assert (g.frequency_penalty, g.presence_penalty) == (0.3, 0.3)
+    assert not hasattr(g, "temperature")  # the round's, so greedy agents still explore
+    tutor = groundings([get_pack("tutoring")], "line")["tutor"]
+    assert tutor.stop == () and tutor.max_tokens is None

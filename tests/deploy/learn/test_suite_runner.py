@@ -5,16 +5,21 @@ import io
 import pytest
 import redis
 
-from agents.events import EVAL_CACHE_PREFIX, STREAM_EVAL_TRAJECTORIES, STREAM_TRAJECTORIES
+from agents.events import (
+    EVAL_CACHE_PREFIX,
+    STREAM_EVAL_TRAJECTORIES,
+    STREAM_TRAJECTORIES,
+    AnswerPath,
+)
 from agents.packs import PackNotFound, get_pack
 from agents.packs.base import Pack, Task
 from agents.policy_client import PolicyConfig
 from agents.runtime import AgentSpec
 from deploy.embedded_redis import free_port
-from deploy.learn.eval_runs import EvalRuns, Item
+from deploy.learn.eval_runs import EvalRuns, Item, outcome
 from deploy.learn.settings import LearnerSettings
 from deploy.learn.suite_runner import GateRunner, Suite, SuiteMissing, gate_runner
-from learner.gate.eval_gate import ERROR, GateConfig
+from learner.gate.eval_gate import ERROR, GateConfig, SuiteRun, red_flag_counts
 from learner.gate.release import apply_verdict
 from learner.policy.registry import CANDIDATE, CHAMPION, PolicyRegistry, VersionStatus
 from tests.deploy.policy_server.support import make_lora, publish, running_server, tiny_settings
@@ -303,3 +308,23 @@ def test_sampled_runs_are_coupled_by_seed_and_the_champions_are_cached(stack, re
     assert s["samples"] == 4 and s["looks"][0]["tasks"] == 6
     assert report.episodes["tasks"] == 4 and report.episodes["first_turn_pairs"] == 8
     assert "sampled runs a task, the same seeds for both" in report.summary()
+
+
+def test_the_gate_judges_the_models_own_answer_not_the_envelopes():
+    """The envelope escalates every red flag whatever the version: the gate must see past it."""
+    pack = get_pack("medical")
+    task = next(t for t in pack.tasks("eval") if t.reference == "emergency")
+    served = trajectory(task.input, "This could be an emergency.\nTriage: emergency")
+    missed = served.model_copy(
+        update={
+            "answered_by": AnswerPath.ENVELOPE,
+            "model_output": "Rest.\nTriage: self-care",
+            "metadata": {"arloop.model_escalated": "false"},
+        }
+    )
+    mine = outcome(Item(pack, task), missed, 1.0)
+    assert mine.score == 0.0 and mine.escalated is False
+    theirs = outcome(Item(pack, task), served, 1.0)  # the model escalated by itself
+    assert theirs.score == 1.0 and theirs.escalated is None  # no guard recorded a red flag
+    counts = red_flag_counts(SuiteRun("v2", (mine,)), SuiteRun("v1", (theirs,)))
+    assert counts == {"v2": [0, 1]}

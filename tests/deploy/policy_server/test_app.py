@@ -190,6 +190,46 @@ def test_stop_strings_end_the_completion(oai):
     assert cut.choices[0].message.content == text[: text.find(stop)]
 
 
+def test_include_stop_str_in_output_keeps_the_stop_string(oai):
+    """vLLM's extension: the text ends with the stop string instead of before it."""
+    free = oai.chat.completions.create(model="arloop", messages=HI, max_tokens=10, temperature=0)
+    text = free.choices[0].message.content
+    stop = text[4:6]
+    kept = oai.chat.completions.create(
+        model="arloop",
+        messages=HI,
+        max_tokens=10,
+        temperature=0,
+        stop=[stop],
+        extra_body={"include_stop_str_in_output": True},
+    )
+    assert kept.choices[0].finish_reason == "stop"
+    assert kept.choices[0].message.content == text[: text.find(stop) + len(stop)]
+
+
+def test_penalties_change_greedy_choices_and_leave_logprobs_the_models(oai, tiny):
+    """A greedy completion that repeats a token changes under a presence penalty; the logged
+    logprobs stay the model's own (the learner recomputes them without penalties)."""
+    ask = {"model": "arloop", "messages": HI, "max_tokens": 24, "temperature": 0}
+    plain = oai.chat.completions.create(**ask, extra_body={"return_token_ids": True})
+    ids = plain.model_dump()["choices"][0]["token_ids"]
+    assert len(set(ids)) < len(ids), f"precondition: the greedy text repeats a token ({ids})"
+    penalised = oai.chat.completions.create(
+        **ask,
+        presence_penalty=2.0,
+        frequency_penalty=2.0,
+        logprobs=True,
+        extra_body={"return_token_ids": True},
+    )
+    body = penalised.model_dump()
+    new_ids = body["choices"][0]["token_ids"]
+    assert new_ids != ids
+    model, tok = tiny
+    own = completion_logprobs(model, body["prompt_token_ids"], new_ids, tok.pad_token_id)
+    served = torch.tensor([e["logprob"] for e in body["choices"][0]["logprobs"]["content"]])
+    torch.testing.assert_close(served, own, atol=1e-4, rtol=0)
+
+
 def test_tool_calls_are_parsed_into_openai_tool_calls(oai):
     r = oai.chat.completions.create(
         model="arloop@v1", messages=ASK_CALL, tools=[CALC], temperature=0, max_tokens=60
@@ -307,6 +347,8 @@ def test_litellm_talks_to_the_server(server, tiny):
         ({"top_logprobs": 3}, 400, "top_logprobs"),
         ({"logprobs": True, "top_logprobs": 21}, 400, "top_logprobs"),
         ({"stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
+        ({"frequency_penalty": 2.5}, 400, "frequency_penalty"),
+        ({"presence_penalty": -3}, 400, "presence_penalty"),
         ({"tools": [{"type": "retrieval"}]}, 400, "tools.0.type"),
         ({"tool_choice": "required"}, 400, "tool_choice"),
         ({"messages": [{"role": "user", "content": "hi " * 600}]}, 400, "messages"),

@@ -99,7 +99,10 @@ def bank_world(redis_url: str, folder: Path, runs_per_task: int = 4) -> Iterator
     registry = PolicyRegistry(client)
     registry.ensure_base(base)
     # one row per forward pass: a request's logits do not depend on what else was in flight
-    settings = tiny_settings(redis_url, base_model=base, max_tokens_cap=48, max_batch_size=1)
+    # the README's figures come from this path: one row per pass, no head cached for a row alone
+    settings = tiny_settings(
+        redis_url, base_model=base, max_tokens_cap=48, max_batch_size=1, prefix_cache_alone=False
+    )
     with running_server(settings) as url:
         policy = PolicyConfig(
             model="openai/arloop",

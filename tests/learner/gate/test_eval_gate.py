@@ -1,6 +1,7 @@
 """The gate's decision on hand-made suite outcomes and figures; the report's JSON and summary."""
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -155,3 +156,23 @@ def test_each_sides_whole_run_success_comes_with_its_wilson_interval():
     assert (c["champion_solved"], c["candidate_solved"]) == (15, 16)
     assert c["candidate_ci"] == list(wilson(16, 20)) and c["champion_ci"] == list(wilson(15, 20))
     assert c["candidate_ci"][0] < 0.8 < c["candidate_ci"][1]
+
+
+def test_the_report_gives_each_versions_own_red_flag_escalations():
+    """The envelope escalates for every version: the report counts what the model did itself."""
+
+    def run(version, escalated):
+        base = _suite(version, [int(e) for e in escalated] + [1, 1])
+        flagged = [replace(o, escalated=e) for o, e in zip(base.outcomes, escalated, strict=False)]
+        return SuiteRun(version, tuple(flagged) + base.outcomes[len(escalated) :])
+
+    five = GateConfig(margin=0.5, looks=(5,))  # a margin wide enough that only the counts matter
+    report = decide_on(run("v2", [True, True, False]), run("v1", [False] * 3), config=five)
+    assert report.red_flags == {"v2": [2, 3], "v1": [0, 3]}
+    assert "red flags escalated by the model itself (before any envelope): v2 2/3, v1 0/3" in (
+        report.summary()
+    )
+    assert json.loads(json.dumps(report.to_dict()))["red_flags"]["v2"] == [2, 3]
+    two = GateConfig(margin=0.9, looks=(2,))
+    plain = decide_on(_suite("v2", [1, 1]), _suite("v1", [1, 1]), config=two)
+    assert plain.red_flags == {} and "red flags" not in plain.summary()

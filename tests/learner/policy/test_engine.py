@@ -14,7 +14,7 @@ from learner.policy.generation.engine import (
     SamplingParams,
     TokenEvent,
 )
-from learner.policy.generation.rows import safe_len
+from learner.policy.generation.rows import penalise, safe_len
 from learner.policy.models import load_base
 from tests.model_cache import MODEL_CACHE
 
@@ -283,3 +283,44 @@ class _EosAfter(torch.nn.Module):
         hit = input_ids[:, -1] == self.last  # (B,)
         out.logits[hit, -1, self.eos] += 100.0
         return out
+
+
+def test_penalties_are_openais_by_hand():
+    """mu[j] - c[j] * frequency - (c[j] > 0) * presence, on the completion's own counts."""
+    logits = torch.tensor([1.0, 2.0, 3.0, 0.5])
+    counts = torch.tensor([0.0, 1.0, 3.0, 0.0])
+    out = penalise(logits, counts, frequency=0.5, presence=0.25)
+    assert out.tolist() == [1.0, 2.0 - 0.5 - 0.25, 3.0 - 1.5 - 0.25, 0.5]
+    assert penalise(logits, counts, 0.0, 0.0).tolist() == logits.tolist()
+
+
+def test_a_presence_penalty_stops_greedy_repeats_and_logprobs_stay_the_models(engine, policy):
+    model, tok = policy.model, policy.tokenizer
+    prompt = tok("a b a b a b a b", add_special_tokens=False)["input_ids"]
+    plain, penalised = Collector(1), Collector(1)
+    engine.submit(
+        [Row(policy, prompt, SamplingParams(0.0, max_tokens=12), plain.emit, stream=False)]
+    )
+    free = plain.finishes()[0]
+    assert len(set(free.token_ids)) < len(free.token_ids), "precondition: greedy repeats a token"
+    params = SamplingParams(0.0, max_tokens=12, presence_penalty=100.0)
+    engine.submit([Row(policy, prompt, params, penalised.emit, stream=False)])
+    done = penalised.finishes()[0]
+    assert len(set(done.token_ids)) == len(done.token_ids)  # each token at most once
+    own = completion_logprobs(model, prompt, done.token_ids, tok.pad_token_id)
+    torch.testing.assert_close(torch.tensor(done.logprobs), own, atol=1e-4, rtol=0)
+
+
+def test_include_stop_keeps_the_stop_string(engine, policy):
+    prompt = policy.tokenizer("hello there", add_special_tokens=False)["input_ids"]
+    free = Collector(1)
+    engine.submit(
+        [Row(policy, prompt, SamplingParams(0.0, max_tokens=10), free.emit, stream=False)]
+    )
+    text = free.finishes()[0].text
+    stop = text[3:5]
+    kept = Collector(1)
+    params = SamplingParams(0.0, max_tokens=10, stop=(stop,), include_stop=True)
+    engine.submit([Row(policy, prompt, params, kept.emit, stream=False)])
+    done = kept.finishes()[0]
+    assert done.finish_reason == "stop" and done.text == text[: text.find(stop) + len(stop)]

@@ -7,7 +7,13 @@ import torch
 
 from learner.logprobs import completion_logprobs
 from learner.policy.generation.engine import GenerationEngine, SamplingParams
-from learner.policy.generation.prefix_cache import MIN_PREFIX, PrefixCache, common_prefix_len
+from learner.policy.generation.prefix_cache import (
+    MIN_PREFIX,
+    PrefixCache,
+    common_prefix_len,
+    last_turn_start,
+    turn_marker,
+)
 from learner.policy.models import load_base
 from tests.learner.policy.test_engine import _prompt, _run
 from tests.model_cache import MODEL_CACHE
@@ -25,8 +31,10 @@ def policy():
     return SimpleNamespace(model=model, tokenizer=tok)
 
 
-def _engine(entries: int) -> GenerationEngine:
-    eng = GenerationEngine(max_batch_size=8, batch_window_s=0.05, prefix_entries=entries)
+def _engine(entries: int, alone: bool = False) -> GenerationEngine:
+    eng = GenerationEngine(
+        max_batch_size=8, batch_window_s=0.05, prefix_entries=entries, cache_alone=alone
+    )
     eng.start()
     return eng
 
@@ -90,3 +98,33 @@ def test_entries_are_per_model_and_evicted_oldest_first(policy):
     assert cache.head(other, pair)[0] > 0 and cache.misses == 2  # not the first model's entry
     cache.head(policy.model, pair)
     assert cache.misses == 3  # evicted by the other model's entry
+
+
+def _chat(tok, system: str, user: str) -> list[int]:
+    return tok(
+        f"<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n{user}<|im_end|>\n"
+        "<|im_start|>assistant\n",
+        add_special_tokens=False,
+    )["input_ids"]
+
+
+def test_a_row_alone_caches_its_head_before_the_user_turn(policy):
+    """One user at a time: the system turn is computed once, and logprobs stay exact."""
+    cache, tok = PrefixCache(), policy.tokenizer
+    assert turn_marker(tok), "precondition: the tiny tokenizer speaks ChatML"
+    first, second = _chat(tok, HEAD, ASKS[0]), _chat(tok, HEAD, ASKS[1])
+    head, layers = cache.head(policy.model, [first], turn_marker(tok))
+    assert head == last_turn_start(first, turn_marker(tok)) >= MIN_PREFIX
+    assert first[:head] == second[:head] and cache.misses == 1
+    assert cache.head(policy.model, [second], turn_marker(tok))[0] == head and cache.hits == 1
+    eng = _engine(8, alone=True)
+    try:
+        params = [SamplingParams(temperature=0.0, max_tokens=6)]
+        out, _ = _run(eng, policy, [first], params)
+        again, _ = _run(eng, policy, [second], params)
+        assert eng.prefixes.hits >= 1
+    finally:
+        eng.stop()
+    for prompt, done in ((first, out[0]), (second, again[0])):
+        ref = completion_logprobs(policy.model, prompt, done.token_ids, tok.pad_token_id)
+        torch.testing.assert_close(torch.tensor(done.logprobs), ref, atol=1e-4, rtol=0)

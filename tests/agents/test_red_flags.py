@@ -1,0 +1,138 @@
+"""The medical pack's red-flag rules, and the probe messages kept apart from training."""
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from agents.packs import get_pack
+from agents.packs.common import scrub_input
+from agents.packs.medical import KB_DIR
+from agents.packs.red_flags import ADVICE, RULES, correct, red_flags
+from agents.packs.triage_cases import SYMPTOMS, cases
+
+ROOT = Path(__file__).resolve().parents[2]
+PROBE_FILE = ROOT / "agents" / "packs" / "data" / "triage_probe.jsonl"
+
+
+def probes() -> list[dict]:
+    return [json.loads(line) for line in PROBE_FILE.read_text().splitlines() if line.strip()]
+
+
+def test_the_probe_messages_cover_what_the_check_asks_for():
+    rows = probes()
+    kinds = {k for r in rows for k in r["kinds"]}
+    assert len(rows) >= 40 and len({r["message"] for r in rows}) == len(rows)
+    assert {"lowercase", "misspelt", "negated", "two_symptoms", "someone_else"} <= kinds
+    assert sum(r["red_flag"] for r in rows) >= 20
+    assert sum("negated" in r["kinds"] for r in rows) >= 10
+
+
+def test_rules_escalate_every_red_flag_of_the_probe_and_no_negated_one():
+    rows = probes()
+    missed = [r["message"] for r in rows if r["red_flag"] and not red_flags(r["message"])]
+    raised = [(r["message"], red_flags(r["message"])) for r in rows if not r["red_flag"]]
+    assert missed == []
+    assert [m for m, flags in raised if flags] == []
+
+
+def test_rules_agree_with_every_case_level_of_the_pack():
+    for split in ("train", "eval"):
+        for c in cases(split):
+            assert bool(red_flags(c.message)) == (c.level == "emergency"), c.message
+
+
+@pytest.mark.parametrize(
+    "message, flag",
+    [
+        ("Crushing chest pain spreading to my left arm", "chest pain"),
+        ("PAIN IN MY CHEST, it is crushing", "chest pain"),  # case and word order
+        ("my chest hurts and i feel sick", "chest pain"),
+        ("cant breathe", "difficulty breathing"),
+        ("I can't breathe properly", "difficulty breathing"),
+        ("my speech is slured", "stroke signs"),  # misspelt
+        ("her face is droopy on one side", "stroke signs"),
+        ("he is unconcious", "collapse"),
+        ("a siezure that will not end", "collapse"),
+        ("my throat is closing up after peanuts", "severe allergic reaction"),
+        ("i have been thinking about suicide", "thoughts of suicide"),
+        ("the bleeding won't stop", "heavy bleeding"),
+        ("my neighbour is not breathing", "difficulty breathing"),  # someone else
+        ("I'm not sure if it's a stroke", "stroke signs"),  # uncertainty is no negation
+        ("no fever, but crushing chest pain", "chest pain"),  # "but" ends the negation
+        ("no cough and my chest is tight", "chest pain"),  # so does "and"
+        ("rash that does not fade under a glass, and a fever", "meningitis signs"),
+    ],
+)
+def test_red_flags_are_found_however_they_are_written(message, flag):
+    assert flag in red_flags(message)
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        "no chest pain",
+        "Denies shortness of breath.",
+        "denies chest pain, palpitations, or shortness of breath",
+        "I don't have any chest pain or trouble breathing",
+        "without slurred speech or face drooping",
+        "never had a seizure",
+        "my dad has no chest pain today",
+        "a cough with a high temperature and my breathing is getting worse",
+        "a deep cut on my hand that is gaping open",
+        "pain in my arm for a week",  # "week" is no misspelt "weak"
+        "a small cut on my finger that stopped bleeding",
+    ],
+)
+def test_negated_or_absent_red_flags_are_not_raised(message):
+    assert red_flags(message) == []
+
+
+def test_spelling_repair_needs_one_unique_rule_word_and_spares_real_words():
+    assert correct("chset") == "chest" and correct("unconcious") == "unconscious"
+    assert correct("never") == "never" and correct("gaping") == "gaping"
+    assert correct("weeks") == "weeks" and correct("xyzzyq") == "xyzzyq"
+
+
+def test_every_rule_cites_a_knowledge_base_page_and_has_advice():
+    for rule in RULES:
+        assert (KB_DIR / rule.page).is_file(), rule
+        assert rule.flag in ADVICE, rule.flag
+    pages = {p.name for p in KB_DIR.glob("*.md")}
+    assert {r.page for r in RULES} <= pages
+
+
+def test_scrubbing_the_message_keeps_its_red_flags():
+    """The rules run on the scrubbed message: the scrubber must not hide a symptom."""
+    for r in probes():
+        assert red_flags(scrub_input(r["message"])) == red_flags(r["message"]), r["message"]
+
+
+def test_probe_messages_never_enter_a_split_the_learner_uses():
+    pack = get_pack("medical")
+    used = {t.input.casefold() for split in ("train", "eval") for t in pack.tasks(split)}
+    phrases = {p.casefold() for level in SYMPTOMS.values() for p in level}
+    for r in probes():
+        text = r["message"].casefold()
+        assert text not in used and not any(text in u for u in used), r["message"]
+        assert text not in phrases
+    # only the benchmark and the tests read the probe file: no training or eval code does
+    found = subprocess.run(
+        [
+            "git",
+            "grep",
+            "--untracked",
+            "-l",
+            "triage_probe",
+            "--",
+            "agents",
+            "learner",
+            "deploy",
+            "tools",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert found.stdout.split() == [], found.stdout
