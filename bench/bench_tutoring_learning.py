@@ -28,23 +28,27 @@ shows); without a call, a `#### n` equal to the reference scores 1; else 0. Unli
 server, TRL does not stop generating at the end of a call line, so its completions (and their
 gradient) include the text the model writes after it; the proxy ignores that text.
 
-Held-out: base, arloop's v1 (its LoRA checkpoint) and TRL's result on the same held-out
-problems, greedy, in this process, scored twice: with the proxy, and by replaying the tutor's
-loop (each call line run through the real calculator, its result fed back as a `tool` turn, up
-to the agent's 3 model calls, the pack's verifier on the last reply), the figure that counts
-for a tutor and one TRL's reward never saw. Wilson 95% intervals, and paired differences
-(Newcombe 95% interval, exact McNemar p) against the base and between the two learners. The
-gate's own agent-graph figures for v0 and v1 (over HTTP, from the demo) are printed beside
-them: the replay should come close to them (batched padding can flip a near tie). One seed,
-one run: the intervals cover the held-out sample, not the run-to-run spread of training.
+Held-out: base, arloop's v1 (its LoRA checkpoint) and TRL's result, in this process, on the
+same 120 held-out problems (a stratified draw from the gate's pool), measured as the eval gate
+measures (the figure that counts): 8 samples a problem at the serving temperature with the
+same seeds for all three policies, in the tutor's first-turn form (its calculator call checked
+against the answer; TRL's reward is the same check, so this favours neither). The per-problem
+paired difference gives each gain with its 95% interval (`learner.gate.sequential`, one look).
+The tutor's whole loop replayed greedily (each call line run through the real calculator, up
+to the agent's 3 model calls, the pack's verifier on the last reply) is printed beside it.
 
-Runs: `--runs 6` (default) runs seeds 0..5, each its own draw of training problems and its
-own sampling seeds for both arms; the summary gives each run's gain over the base (paired,
-Newcombe 95%) and the mean gain over runs with a t interval (the spread of training).
+Runs: `--draws 3 --seeds 2` (default) cross three draws of training problems with two seeds
+(the users' sampling and noise for arloop, TRL's own seed); the summary gives each run's gain
+over the base and the mean gain over runs with a t interval (the spread of training).
+
+`--medical` instead runs the medical arm: one demo round of simulated patients with the
+triage assistant, then its gate (greedy whole runs through the agent on the held-out cases:
+the triage agent samples greedily), and prints the triage level accuracy of v0 and v1, the
+model's own answers (before any envelope), whatever it shows.
 
 Usage: .venv/bin/python bench/bench_tutoring_learning.py [--episodes 48] [--group 4]
-       [--eval-size 60] [--model smollm2|tiny] [--runs 6] [--first-seed 0] [--threads N]
-       [--reuse DATA_DIR]
+       [--model smollm2|tiny] [--draws 3] [--seeds 2] [--samples 8] [--held-out 120]
+       [--threads N] [--reuse DATA_DIR] [--medical]
 """
 
 from __future__ import annotations
@@ -84,8 +88,17 @@ from deploy.demo import run as demo
 from deploy.demo.report import eval_outcomes
 from deploy.demo.rounds import round_tasks
 from deploy.settings import ModelSettings
-from learner.gate.stats import PairedComparison, paired_comparison, wilson
-from learner.policy.chat_format import LINE, parse_tool_calls, prompt_token_ids, render_prompt
+from learner.gate.draws import draw_seed, sample_seed, stratified_order
+from learner.gate.sequential import sequential_test
+from learner.gate.stats import wilson
+from learner.policy.chat_format import (
+    LINE,
+    call_stop_pattern,
+    parse_tool_calls,
+    prompt_token_ids,
+    render_prompt,
+)
+from learner.policy.generation import SamplingParams, generate
 from learner.policy.models import apply_lora, load_base
 from learner.policy.registry import PolicyRegistry
 from learner.train_step import TrainConfig
@@ -145,12 +158,15 @@ def arloop_arm(opts: demo.DemoOptions) -> tuple[demo.Report, dict, float]:
     gate: dict = {}
     build = demo.build_report
 
-    def build_and_keep(client, pack):  # the per-task gate outcomes, read before Redis stops
+    def build_and_keep(
+        client, pack, improvement=None
+    ):  # the per-task gate outcomes, read before Redis stops
         gate.update(eval_outcomes(client, pack))
         versions = {v.version: v for v in PolicyRegistry(client).versions()}
         gate["metrics"] = dict(versions["v1"].metrics) if "v1" in versions else {}
+        gate["reports"] = {v: r.report for v, r in versions.items() if r.report}
         gate["feedback"] = client.xlen(STREAM_FEEDBACK)
-        return build(client, pack)
+        return build(client, pack, improvement)
 
     demo.build_report = build_and_keep
     start = time.perf_counter()
@@ -321,52 +337,60 @@ def _greedy(model, tokenizer, threads: list[list[dict]], max_tokens: int, size: 
     return out
 
 
+# -- held-out: the gate's sampled form, in-process ---------------------------------------------------
+
+
+def held_out_tasks(pack, n: int) -> list[Task]:
+    """`n` held-out problems: the gate's stratified order over the pack's pool, a fixed draw."""
+    pool = pack.tasks("eval")
+    order = stratified_order([t.meta["kind"] for t in pool], draw_seed("bench"), limit=n)
+    return [pool[i] for i in order]
+
+
+def sampled(model, tokenizer, tasks: list[Task], k: int, temperature: float, max_tokens: int):
+    """(tasks, k) 0/1: the first call sampled k times a task with the gate's seeds (the same
+    for every policy), stopped after a call line as the server stops, scored by the proxy."""
+    stop = call_stop_pattern(TOOLS, LINE)
+    prompts, params = [], []
+    for t in tasks:
+        ids = prompt_token_ids(tokenizer, first_call_messages(t.input), TOOLS, LINE)
+        for j in range(k):
+            seed = sample_seed(f"tutoring/{t.id}", j, EVAL_DRAW)
+            prompts.append(ids)
+            params.append(
+                SamplingParams(temperature, max_tokens=max_tokens, seed=seed, stop_line=stop)
+            )
+    done = generate(model, tokenizer, prompts, params, max_batch_size=16)
+    scores = [
+        int(proxy_score(t, done[i * k + j][0].text) >= 1.0)
+        for i, t in enumerate(tasks)
+        for j in range(k)
+    ]
+    return [scores[i * k : (i + 1) * k] for i in range(len(tasks))]
+
+
+EVAL_DRAW = draw_seed("bench-samples")
+
+
+def gain(base, other) -> dict:
+    """The paired gain of `other` over `base` on the same (task, seed) outcomes: the mean
+    per-task difference with its 95% interval (the gate's test at one look)."""
+    r = sequential_test(base, other, (len(base),), margin=0.0)
+    return {
+        "base": r.champion_rate,
+        "rate": r.candidate_rate,
+        "diff": r.looks[-1].mean,
+        "low": r.ci_low,
+        "high": r.ci_high,
+        "corr": r.correlation,
+    }
+
+
 # -- the run ------------------------------------------------------------------------------------------
 
 
-def _rate(outcomes: list[int]) -> str:
-    k, n = sum(outcomes), len(outcomes)
-    low, high = wilson(k, n)
-    return f"{k}/{n} = {k / n:.0%} [{low:.0%}, {high:.0%}]"
-
-
-def _diff(c: PairedComparison) -> str:
-    return f"{c.diff:+.3f} [{c.ci_low:+.3f}, {c.ci_high:+.3f}] p_worse={c.p_worse:.3f}"
-
-
-def _gate_figures(report: demo.Report, gate: dict) -> None:
-    print("\narloop, agent graph (the gate's greedy runs through the real tutor, up to 3 calls):")
-    for v in ("v0", "v1"):
-        outcomes = [int(s) for s, _ in gate.get(v, {}).values()]
-        row = next((r for r in report.versions if r.version == v), None)
-        verdict = f"  gate: {row.verdict} {row.reason}" if row and v != "v0" else ""
-        print(f"  {v}: {_rate(outcomes) if outcomes else '-'}{verdict}")
-    ids = sorted(set(gate.get("v0", {})) & set(gate.get("v1", {})))
-    if ids:
-        c = paired_comparison(
-            [int(gate["v0"][i][0]) for i in ids], [int(gate["v1"][i][0]) for i in ids]
-        )
-        print(f"  v1 - v0 (paired): {_diff(c)}")
-    print(f"  headline: {demo.headline(report)}")
-
-
-def _table(title: str, outcomes: dict[str, list[int]], budget: dict[str, str]) -> PairedComparison:
-    """One metric's table; returns arloop v1 - TRL (paired)."""
-    base = outcomes["base (v0)"]
-    print(f"\n{title}")
-    print(f"{'policy':11s} {'rewards':>16s} {'held-out (Wilson 95%)':>26s}   vs base (paired, 95%)")
-    for name, res in outcomes.items():
-        vs = "-" if res is base else _diff(paired_comparison(base, res))
-        print(f"{name:11s} {budget[name]:>16s} {_rate(res):>26s}   {vs}")
-    gap = paired_comparison(outcomes["TRL GRPO"], outcomes["arloop v1"])
-    gains = [sum(outcomes[k]) - sum(base) for k in ("arloop v1", "TRL GRPO")]
-    ratio = f"{gains[0] / gains[1]:.2f}" if gains[1] > 0 else "undefined (TRL gained <= 0)"
-    print(f"arloop v1 - TRL (paired):  {_diff(gap)}")
-    print(
-        f"gain over base, in tasks:  arloop {gains[0]:+d}, TRL {gains[1]:+d}; ratio {ratio} "
-        "(one run: no interval)"
-    )
-    return gap
+def _g(x: dict) -> str:
+    return f"{x['diff']:+.3f} [{x['low']:+.3f}, {x['high']:+.3f}]"
 
 
 def _options(a: argparse.Namespace, work: Path) -> demo.DemoOptions:
@@ -379,35 +403,29 @@ def _options(a: argparse.Namespace, work: Path) -> demo.DemoOptions:
         opts,
         episodes=a.episodes,
         group=a.group,
-        eval_size=a.eval_size,
         phase_timeout_s=3600.0,
         closing_visit=False,
     )
 
 
-def one_run(a: argparse.Namespace, seed: int) -> dict:
+def one_run(a: argparse.Namespace, draw: int, seed: int) -> dict:
     """One problem draw and seed: both arms, the held-out tables; the run's figures."""
     work = Path(tempfile.mkdtemp(prefix="arloop-bench-tutoring-"))
-    opts = replace(_options(a, work), seed=seed)
+    opts = replace(_options(a, work), seed=seed, draw=draw)
     pack = tutoring_pack("templates", opts.eval_size)
     train = round_tasks(
-        pack.tasks("train"),
-        opts.episodes // opts.group,
-        opts.group,
-        random.Random(f"{opts.seed}/1"),
-    )  # the demo's round 1: the seed draws the problems
-    evals = pack.tasks("eval")
+        pack.tasks("train"), opts.episodes // opts.group, opts.group, random.Random(f"{draw}/1")
+    )  # the demo's round 1: the draw picks the problems
+    evals = held_out_tasks(pack, a.held_out)
     print(
-        f"\n=== seed {seed}: model {opts.model}; budget {opts.episodes} human feedback visits "
-        f"({opts.episodes // opts.group} problems x {opts.group}); {len(evals)} held-out; "
-        f"lr {opts.learning_rate}, KL {opts.kl_coef}, T {opts.temperature}, "
-        f"max_tokens {opts.max_tokens}; torch {torch.__version__}, "
-        f"{torch.get_num_threads()} threads in-process; work dir {work}"
+        f"\n=== draw {draw}, seed {seed}: model {opts.model}; budget {opts.episodes} human "
+        f"feedback visits ({opts.episodes // opts.group} problems x {opts.group}); "
+        f"{len(evals)} held-out x {a.samples} samples at T {opts.temperature}; lr "
+        f"{opts.learning_rate}, KL {opts.kl_coef}, max_tokens {opts.max_tokens}; torch "
+        f"{torch.__version__}, {torch.get_num_threads()} threads in-process; work dir {work}"
     )
-
     report, gate, arloop_s = arloop_arm(opts) if a.reuse is None else (None, {}, 0.0)
     data_dir = a.reuse or opts.data_dir
-    v1_row = next((r for r in report.versions if r.version == "v1"), None) if report else None
     _, tokenizer = load_base(opts.model, cache_dir=MODEL_CACHE)
     trl_model, trl = trl_arm(opts, train, tokenizer)
 
@@ -419,61 +437,58 @@ def one_run(a: argparse.Namespace, seed: int) -> dict:
         ),
         "TRL GRPO": trl_model,
     }
-    runs = {k: held_out(m.eval(), tokenizer, evals, opts.max_tokens) for k, m in policies.items()}
+    outcomes = {
+        k: sampled(m.eval(), tokenizer, evals, a.samples, opts.temperature, opts.max_tokens)
+        for k, m in policies.items()
+    }
+    loops = {k: held_out(m, tokenizer, evals, opts.max_tokens)[1] for k, m in policies.items()}
     eval_s = time.perf_counter() - t
 
-    trained = f" ({v1_row.trained_events} trained)" if v1_row else ""
-    budget = {
-        "base (v0)": "-",
-        "arloop v1": f"{opts.episodes}{trained}",
-        "TRL GRPO": str(trl["rewards"]),
-    }
-    gap = _table(
-        f"held-out success, first-turn proxy (TRL's reward), greedy, {len(evals)} tasks:",
-        {k: r[0] for k, r in runs.items()},
-        budget,
-    )
-    agent_gap = _table(
-        "held-out success, the tutor's loop replayed in-process (calculator, "
-        "up to 3 calls), greedy:",
-        {k: r[1] for k, r in runs.items()},
-        budget,
+    base = outcomes["base (v0)"]
+    gains = {k: gain(base, outcomes[k]) for k in ("arloop v1", "TRL GRPO")}
+    gap = gain(outcomes["TRL GRPO"], outcomes["arloop v1"])
+    print(f"\nheld-out, the gate's sampled first-turn form ({len(evals)} x {a.samples}):")
+    print(f"{'policy':11s} {'rewards':>8s} {'success':>8s}   gain over base (95%)   loop replayed")
+    budget = {"base (v0)": "-", "arloop v1": str(opts.episodes), "TRL GRPO": str(trl["rewards"])}
+    for name in policies:
+        rate = statistics.fmean(statistics.fmean(row) for row in outcomes[name])
+        shown = _g(gains[name]) if name in gains else "-"
+        print(f"{name:11s} {budget[name]:>8s} {rate:8.0%}   {shown:>22s}   {_rate(loops[name])}")
+    print(
+        f"arloop v1 - TRL (paired): {_g(gap)}; outcome correlation with the base: arloop "
+        f"{gains['arloop v1']['corr'] or 0:.2f}, TRL {gains['TRL GRPO']['corr'] or 0:.2f}"
     )
     if report is not None:
-        _gate_figures(report, gate)
+        print(f"gate: {demo.headline(report)}")
+        v1 = next((r for r in report.versions if r.version == "v1"), None)
+        if v1:
+            print(f"gate verdict on v1: {v1.verdict}: {v1.reason}")
 
     m = gate.get("metrics", {})
-    evaluations = sum(m.get(k, 0.0) for k in ("reward_sources/verified",))
+    evaluations = m.get("reward_sources/verified", 0.0)
     human = gate.get("feedback", 0)
     secs = report.seconds if report else {}
     shown = f"{arloop_s:.0f} s" if report else "reused, not timed"
     print(
-        f"\nwall: arloop demo {shown} (start {secs.get('start', 0):.0f}, traffic "
-        f"{secs.get('traffic', 0):.0f}, learn+gate {secs.get('learn+gate', 0):.0f} incl. the "
-        f"gate's v0+v1 evals); TRL train() {trl['seconds']:.0f} s ({trl['steps']} steps); "
-        f"in-process eval {eval_s:.0f} s"
+        f"wall: arloop demo round {shown} (traffic {secs.get('traffic', 0):.0f}, learn+gate "
+        f"{secs.get('learn+gate', 0):.0f}); TRL train() {trl['seconds']:.0f} s "
+        f"({trl['steps']} steps); in-process eval {eval_s:.0f} s"
     )
     print(
         f"arloop's round: {human} human feedback events; labels {m.get('labels', 0):.0f} "
         f"(replayed {m.get('labels/replayed', 0):.0f}); {evaluations:.0f} verified reward "
         f"evaluations ({evaluations / human if human else 0:.1f} per human event); sub-rounds "
         f"solved {_pct(m.get('subround/solved_first'))} -> {_pct(m.get('subround/solved_last'))}"
-        f", generate {m.get('subround/generate_s', 0):.0f} s, update "
-        f"{m.get('subround/update_s', 0):.0f} s"
+        f"; KTO answers {m.get('reward_sources/kto_judged', 0):.0f}; reward model "
+        f"AUROC {m.get('reward_model/auroc', float('nan')):.2f}"
     )
-    print(
-        f"verdict: after {opts.episodes} visits each, {_verdict(gap)} on the "
-        f"first-turn proxy (arloop v1 - TRL {gap.diff:+.3f} [{gap.ci_low:+.3f}, "
-        f"{gap.ci_high:+.3f}]) and {_verdict(agent_gap)} on the replayed loop "
-        f"({agent_gap.diff:+.3f} [{agent_gap.ci_low:+.3f}, {agent_gap.ci_high:+.3f}])"
-    )
-    loop = {k: r[1] for k, r in runs.items()}
-    base = loop["base (v0)"]
     return {
+        "draw": draw,
         "seed": seed,
-        "base": sum(base) / len(base),
-        "arloop": paired_comparison(base, loop["arloop v1"]),
-        "trl": paired_comparison(base, loop["TRL GRPO"]),
+        "base": gains["arloop v1"]["base"],
+        "arloop": gains["arloop v1"],
+        "trl": gains["TRL GRPO"],
+        "gap": gap,
         "arloop_s": arloop_s,
         "trl_s": trl["seconds"],
         "per_human": evaluations / human if human else 0.0,
@@ -482,24 +497,31 @@ def one_run(a: argparse.Namespace, seed: int) -> dict:
 
 def summary(results: list[dict]) -> None:
     """Per run, and the mean gain over runs with a t interval (the spread of training)."""
-    print("\n=== summary over runs (the tutor's loop replayed, greedy, held-out)")
-    print(f"{'seed':>4s} {'base':>6s} {'arloop gain (95%, paired)':>34s} {'TRL gain':>34s}")
+    print("\n=== summary over runs (held-out, the gate's sampled form; 95% paired intervals)")
+    print(f"{'draw':>4s} {'seed':>4s} {'base':>6s} {'arloop gain':>26s} {'TRL gain':>26s}")
     for r in results:
-        print(f"{r['seed']:>4d} {r['base']:6.0%} {_diff(r['arloop']):>34s} {_diff(r['trl']):>34s}")
+        print(
+            f"{r['draw']:>4d} {r['seed']:>4d} {r['base']:6.0%} {_g(r['arloop']):>26s} "
+            f"{_g(r['trl']):>26s}"
+        )
     for name in ("arloop", "trl"):
-        gains = [r[name].diff for r in results]
+        gains = [r[name]["diff"] for r in results]
         low, high = _t_interval(gains)
-        worse = sum(r[name].ci_high < 0 for r in results)
+        worse = sum(r[name]["high"] < 0 for r in results)
+        better = sum(r[name]["low"] > 0 for r in results)
         print(
             f"{name:>6s}: mean gain {statistics.fmean(gains):+.3f} (95% t interval over "
-            f"{len(gains)} runs {low:+.3f}..{high:+.3f}); runs significantly worse than base: "
-            f"{worse}"
+            f"{len(gains)} runs {low:+.3f}..{high:+.3f}); significantly better than base in "
+            f"{better}, worse in {worse}"
         )
+    ahead = sum(r["gap"]["low"] > 0 for r in results)
+    behind = sum(r["gap"]["high"] < 0 for r in results)
     print(
-        f"verified reward evaluations per human event (arloop): "
-        f"{statistics.fmean(r['per_human'] for r in results):.1f}; wall per run: arloop "
-        f"{statistics.fmean(r['arloop_s'] for r in results):.0f} s (whole demo round incl. "
-        f"gate), TRL train() {statistics.fmean(r['trl_s'] for r in results):.0f} s"
+        f"arloop vs TRL: ahead in {ahead}, behind in {behind}, no detectable difference in "
+        f"{len(results) - ahead - behind}; verified reward evaluations per human event "
+        f"(arloop): {statistics.fmean(r['per_human'] for r in results):.1f}; wall per run: "
+        f"arloop {statistics.fmean(r['arloop_s'] for r in results):.0f} s (the demo round incl. "
+        f"its gate), TRL train() {statistics.fmean(r['trl_s'] for r in results):.0f} s"
     )
 
 
@@ -519,15 +541,60 @@ def _pct(x: float | None) -> str:
     return "-" if x is None else f"{x:.0%}"
 
 
+def _rate(outcomes: list[int]) -> str:
+    k, n = sum(outcomes), len(outcomes)
+    low, high = wilson(k, n)
+    return f"{k}/{n} = {k / n:.0%} [{low:.0%}, {high:.0%}]"
+
+
+# -- the medical arm ------------------------------------------------------------------------------
+
+
+def medical_arm(a: argparse.Namespace) -> None:
+    """One round of simulated patients with the triage assistant, then its gate: the level
+    accuracy of v0 and v1 on the held-out cases (the model's own answers), whatever it shows."""
+    work = Path(tempfile.mkdtemp(prefix="arloop-bench-triage-"))
+    opts = replace(_options(a, work), pack="medical", eval_size=1000, seed=a.first_seed)
+    print(
+        f"\n=== medical arm: model {opts.model}; {opts.episodes} patients' visits "
+        f"({opts.episodes // opts.group} messages x {opts.group}); work dir {work}"
+    )
+    report, gate, seconds = arloop_arm(opts)
+    verdicts = gate.get("reports", {})
+    v1 = verdicts.get("v1") or {}
+    s = v1.get("sequential") or {}
+    if not s:
+        print(f"no gate report for v1: {v1.get('reason', 'the round published nothing')}")
+        return
+    n = s["looks"][-1]["tasks"]
+    print(
+        f"held-out triage cases ({n}, greedy whole runs through the agent, the model's own "
+        f"answer, exact level = solved): v0 {s['champion_rate']:.0%} -> v1 "
+        f"{s['candidate_rate']:.0%}, diff {s['diff']:+.3f} (95% interval "
+        f"{s['ci_low']:+.3f}..{s['ci_high']:+.3f}); gate: {v1.get('verdict')}: "
+        f"{v1.get('reason', '')}"
+    )
+    flags = v1.get("red_flags") or {}
+    if flags:
+        said = ", ".join(f"{v} {a_}/{b}" for v, (a_, b) in flags.items())
+        print(f"red-flag cases the model escalated by itself (guard subset): {said}")
+    m = gate.get("metrics", {})
+    print(
+        f"the round: {gate.get('feedback', 0)} feedback events, labels "
+        f"{m.get('labels', 0):.0f} (replayed {m.get('labels/replayed', 0):.0f}); wall "
+        f"{seconds:.0f} s (traffic, round and gate)"
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--episodes", type=int, default=48, help="human feedback visits per arm")
     ap.add_argument("--group", type=int, default=4, help="tries per training problem")
-    ap.add_argument("--eval-size", type=int, default=60, help="held-out problems")
+    ap.add_argument("--held-out", type=int, default=120, help="held-out problems (a fixed draw)")
+    ap.add_argument("--samples", type=int, default=8, help="samples a held-out problem")
     ap.add_argument("--model", choices=("smollm2", "tiny"), default="smollm2")
-    ap.add_argument(
-        "--runs", type=int, default=6, help="runs, seeds 0..runs-1: each its own problem draw"
-    )
+    ap.add_argument("--draws", type=int, default=3, help="draws of training problems")
+    ap.add_argument("--seeds", type=int, default=2, help="seeds per draw (both arms)")
     ap.add_argument("--first-seed", type=int, default=0)
     ap.add_argument(
         "--threads",
@@ -542,24 +609,18 @@ def main() -> None:
         help="data dir of an earlier run with the same options (one run): take its v1, skip "
         "the demo (no gate figures, no arloop wall)",
     )
+    ap.add_argument("--medical", action="store_true", help="the medical arm only")
     a = ap.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
-    seeds = range(a.first_seed, a.first_seed + (1 if a.reuse else a.runs))
+    if a.medical:
+        medical_arm(a)
+        return
+    runs = [(d, a.first_seed + s) for d in range(a.draws) for s in range(a.seeds)]
     results = []
-    for seed in seeds:
-        results.append(one_run(a, seed))
+    for draw, seed in runs[:1] if a.reuse else runs:
+        results.append(one_run(a, draw, seed))
         summary(results)  # after each run: a long bench that is cut short still reports
-
-
-def _verdict(gap: PairedComparison) -> str:
-    if gap.ci_low > 0:
-        return "arloop ahead"
-    return "TRL ahead" if gap.ci_high < 0 else "no detectable difference"
-
-
-def _num(x: float | None) -> str:
-    return "-" if x is None else f"{x:.2f}"
 
 
 if __name__ == "__main__":

@@ -176,6 +176,12 @@ def demo(
         "--model",
         help="Base model: smollm2 (bundled), tiny, or a local Hugging Face folder.",
     ),
+    pack: str = typer.Option(
+        "tutoring",
+        "--pack",
+        help="Who visits: tutoring (students and the tutor) or medical (patients and the "
+        "triage assistant, slower: several model calls an answer).",
+    ),
     seed: int = typer.Option(0, "--seed", help="Seeds the problems, users and feedback noise."),
     report_dir: Path = typer.Option(
         Path("reports"), "--report-dir", help="Where the report folder goes."
@@ -216,6 +222,7 @@ def demo(
         group=group,
         eval_size=eval_size,
         model=model,
+        pack=pack,
         seed=seed,
         report_dir=report_dir,
         data_dir=data_dir,

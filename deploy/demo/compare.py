@@ -56,6 +56,6 @@ def final_comparison(
 
         runs = EvalRuns(stack.redis.url, policy, concurrency, config.solved_at, progress=progress)
         gate = GateRunner(registry, Suite([pack], runs, temperature), config)
-        evaluation = gate.run(final, BASE_VERSION)
+        evaluation = gate.run(final, BASE_VERSION, guards=False)
     test = sequential_summary(evaluation.test, config)
     return comparison(BASE_VERSION, final, test, evaluation.episodes)

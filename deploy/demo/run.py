@@ -62,6 +62,9 @@ class DemoOptions:
     eval_size: int = 480
     """Held-out problems the gate draws from (its looks: up to 120 of them, sampled 8 times)."""
     model: str = "smollm2"
+    pack: str = "tutoring"
+    """The pack whose agents the users talk to and the gate judges: `tutoring` (students) or
+    `medical` (patients)."""
     seed: int = 0
     """Seeds the users' sampling and feedback noise (and, unless `draw` is set, the problems)."""
     draw: int | None = None
@@ -117,7 +120,7 @@ def stack_env(opts: DemoOptions, policy_url: str) -> dict[str, dict[str, str]]:
             "ARLOOP_TOOL_FORMAT": sampling["ARLOOP_TOOL_FORMAT"],
         },
         "agents": {
-            "ARLOOP_PACKS": '["tutoring"]',
+            "ARLOOP_PACKS": f'["{opts.pack}"]',
             "ARLOOP_POLICY_API_BASE": policy_url,
             **{k: v for k, v in sampling.items() if k != "ARLOOP_TOOL_FORMAT"},
             "ARLOOP_CANARY_SHARE": "0",
@@ -140,7 +143,7 @@ def stack_env(opts: DemoOptions, policy_url: str) -> dict[str, dict[str, str]]:
             "ARLOOP_TRAIN__LEARNING_RATE": str(opts.learning_rate),
             "ARLOOP_TRAIN__KL_COEF": str(opts.kl_coef),
             "ARLOOP_TRAIN__MICRO_BATCH_SIZE": "8",
-            "ARLOOP_EVAL_PACKS": '["tutoring"]',
+            "ARLOOP_EVAL_PACKS": f'["{opts.pack}"]',
             "ARLOOP_TUTORING_EVAL_SIZE": str(opts.eval_size),
             "ARLOOP_POLICY_API_BASE": policy_url,
             "ARLOOP_EVAL_MAX_TOKENS": str(opts.max_tokens),
@@ -162,11 +165,11 @@ def fresh_dir(opts: DemoOptions) -> Path:
 
 def run_demo(opts: DemoOptions, console: Console) -> tuple[Report, Path]:
     """The demo; (report, report folder). StackError when a process fails (logs named)."""
-    from agents.packs.tutoring import tutoring_pack
+    from agents.packs import get_pack
 
     started = time.monotonic()
     data_dir = fresh_dir(opts)
-    pack = tutoring_pack("templates", opts.eval_size)
+    pack = get_pack(opts.pack, tutoring_eval_size=opts.eval_size)
     stack = Stack(data_dir, {})
     stack.env = stack_env(opts, stack.policy_url)
     seconds: dict[str, float] = {}

@@ -147,8 +147,9 @@ class GateRunner:
         )
         return dataclasses.replace(report, seconds=run.seconds)
 
-    def run(self, version: str, champion: str) -> Evaluation:
-        """Steps 1-4 of the module's list, without the models' figures."""
+    def run(self, version: str, champion: str, *, guards: bool = True) -> Evaluation:
+        """Steps 1-4 of the module's list, without the models' figures (`guards` False: not
+        step 4's greedy runs either, for a comparison that releases nothing)."""
         c = self.config
         pool = self.suite.pool()
         draw = draw_seed(champion, self.suite.name)
@@ -166,6 +167,8 @@ class GateRunner:
         evaluation = Evaluation(items, test, seconds={"sampled": time.perf_counter() - start})
         start = time.perf_counter()
         evaluation.episodes = self._episodes(version, champion, items, seeds)
+        if not guards:
+            return evaluation
         guard_items = items[: c.guard_tasks]
         greedy = [None] * len(guard_items)
         runs = self.suite.runs
