@@ -8,6 +8,8 @@ export LITELLM_LOCAL_MODEL_COST_MAP := True
 export TLDEXTRACT_PUBLIC_SUFFIX_LIST_URLS :=
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
+# torch's idle threads must not spin on a shared CPU (see deploy/__init__.py)
+export OMP_WAIT_POLICY := PASSIVE
 
 .PHONY: demo test lint install redis browser bench clean constraints
 
