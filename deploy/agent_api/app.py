@@ -25,7 +25,7 @@ from agents.policy_client import warm_up
 from agents.runtime import AgentSpec
 from agents.trajectory_sink import Scrub
 from deploy.agent_api.deps import ApiKey, ServicesDep
-from deploy.agent_api.errors import install_error_handlers
+from deploy.agent_api.errors import AllowEveryMethod, install_error_handlers
 from deploy.agent_api.history import router as history_router
 from deploy.agent_api.limits import BodySizeLimit
 from deploy.agent_api.metrics import ApiMetrics
@@ -58,7 +58,11 @@ async def healthz(services: ServicesDep) -> dict[str, str]:
     return {"status": "ok", "redis": "ok"}
 
 
-@router.get("/metrics")
+@router.get(
+    "/metrics",
+    response_class=Response,
+    responses={200: {"content": {CONTENT_TYPE_LATEST: {}}, "description": "Prometheus text."}},
+)
 async def metrics(services: ServicesDep) -> Response:
     return Response(services.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
@@ -72,7 +76,7 @@ async def list_agents(services: ServicesDep, _: ApiKey) -> AgentList:
 @router.post(
     "/v1/agents/{agent}/runs",
     response_model=RunResponse,
-    responses=errors(401, 403, 404, 409, 413, 429, 502, 503, 504),
+    responses=errors(400, 401, 403, 404, 409, 413, 429, 500, 502, 503, 504),
 )
 async def run_agent(agent: str, body: RunRequest, services: ServicesDep, _: ApiKey) -> RunResponse:
     """Run an agent on a new or existing thread; the answer carries a feedback token."""
@@ -89,7 +93,7 @@ async def run_agent(agent: str, body: RunRequest, services: ServicesDep, _: ApiK
     "/v1/feedback",
     status_code=202,
     response_model=FeedbackAccepted,
-    responses=errors(401, 403, 409, 413, 422, 429, 503),
+    responses=errors(400, 401, 403, 409, 413, 422, 429, 500, 503),
 )
 async def feedback(body: FeedbackRequest, services: ServicesDep, _: ApiKey) -> FeedbackAccepted:
     """Accept feedback on a trajectory, with the token its run returned."""
@@ -134,11 +138,28 @@ def create_app(
 
     app = FastAPI(title="arloop agent API", version="1", lifespan=lifespan)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(AllowEveryMethod)
     install_error_handlers(app)
     for routes in (router, streaming_router, history_router, pages_router):
         app.include_router(routes)
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+    app.openapi = lambda: _openapi(app, [s.name for s in specs], settings.max_input_chars)
     return app
+
+
+def _openapi(app: FastAPI, agents: list[str], max_input_chars: int) -> dict:
+    """FastAPI's schema with what only this app knows: the agents it serves (the `{agent}`
+    path's values) and the longest input it takes, so clients and schemathesis see both."""
+    if app.openapi_schema is None:
+        schema = FastAPI.openapi(app)
+        for path in schema["paths"].values():
+            for operation in path.values():
+                for param in operation.get("parameters", []):
+                    if param["name"] == "agent" and param["in"] == "path":
+                        param["schema"]["enum"] = agents
+        run = schema["components"]["schemas"]["RunRequest"]["properties"]["input"]
+        run["maxLength"] = max_input_chars
+    return app.openapi_schema
 
 
 def _load_packs(refs: list[str]) -> list[AgentSpec]:

@@ -53,7 +53,7 @@ STREAM_DOC = (__doc__ or "").split("\n\n", 1)[1]
     response_class=StreamingResponse,
     responses={
         200: {"content": {"text/event-stream": {}}, "description": "The run's events."},
-        **errors(401, 403, 404, 409, 413, 429, 503),
+        **errors(400, 401, 403, 404, 409, 413, 422, 429, 500, 503),
     },
     description=STREAM_DOC,
 )
