@@ -171,6 +171,7 @@ class FeedbackEvent(_Event):
     turn: int | None = None  # index of the model step it is about, when per turn
     source: Literal["user", "verifier", "system"] = "user"
     agent: str | None = None  # the agent that ran (from the token; None on older tokens)
+    credential: str | None = None  # the API key's name it came with (None: older events)
 
     @model_validator(mode="after")
     def _value_fits_kind(self) -> FeedbackEvent:

@@ -43,7 +43,7 @@ def actor() -> str:
 
 def open_registry(settings: LearnerSettings) -> tuple[PolicyRegistry, str]:
     url = ensure_redis(settings.redis_url, settings.data_dir)
-    return PolicyRegistry(redis.Redis.from_url(url)), url
+    return PolicyRegistry(redis.Redis.from_url(url, **settings.redis_options(url))), url
 
 
 def versions_table(registry: PolicyRegistry) -> Table:

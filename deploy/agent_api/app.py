@@ -24,14 +24,14 @@ from agents.feedback_intake import FeedbackSubmission
 from agents.policy_client import warm_up
 from agents.runtime import AgentSpec
 from agents.trajectory_sink import Scrub
-from deploy.agent_api.deps import ApiKey, ServicesDep
+from deploy.agent_api.deps import CallerDep, ServicesDep
 from deploy.agent_api.errors import AllowEveryMethod, install_error_handlers
 from deploy.agent_api.history import router as history_router
 from deploy.agent_api.limits import BodySizeLimit
 from deploy.agent_api.metrics import ApiMetrics
 from deploy.agent_api.pages import STATIC_DIR
 from deploy.agent_api.pages import router as pages_router
-from deploy.agent_api.runs import admit, answer
+from deploy.agent_api.runs import acting, admit, answer
 from deploy.agent_api.schemas import (
     AgentList,
     FeedbackAccepted,
@@ -68,7 +68,7 @@ async def metrics(services: ServicesDep) -> Response:
 
 
 @router.get("/v1/agents", response_model=AgentList, responses=errors(401, 503))
-async def list_agents(services: ServicesDep, _: ApiKey) -> AgentList:
+async def list_agents(services: ServicesDep, _: CallerDep) -> AgentList:
     """The agents this service runs."""
     return AgentList(agents=[a.spec.public() for a in services.runtime.agents.values()])
 
@@ -78,11 +78,14 @@ async def list_agents(services: ServicesDep, _: ApiKey) -> AgentList:
     response_model=RunResponse,
     responses=errors(400, 401, 403, 404, 409, 413, 429, 500, 502, 503, 504),
 )
-async def run_agent(agent: str, body: RunRequest, services: ServicesDep, _: ApiKey) -> RunResponse:
+async def run_agent(
+    agent: str, body: RunRequest, services: ServicesDep, caller: CallerDep
+) -> RunResponse:
     """Run an agent on a new or existing thread; the answer carries a feedback token."""
     trajectory_id = new_id("traj")
     bind(trace=trajectory_id)
-    await admit(services, agent, body)
+    body = acting(body, caller)
+    await admit(services, agent, body, caller)
     event = await services.runtime.run(
         agent, body.input, body.user_id, body.thread_id, body.metadata, trajectory_id=trajectory_id
     )
@@ -95,12 +98,21 @@ async def run_agent(agent: str, body: RunRequest, services: ServicesDep, _: ApiK
     response_model=FeedbackAccepted,
     responses=errors(400, 401, 403, 409, 413, 422, 429, 500, 503),
 )
-async def feedback(body: FeedbackRequest, services: ServicesDep, _: ApiKey) -> FeedbackAccepted:
+async def feedback(
+    body: FeedbackRequest, services: ServicesDep, caller: CallerDep
+) -> FeedbackAccepted:
     """Accept feedback on a trajectory, with the token its run returned."""
     bind(trace=body.trajectory_id)
     kind = body.kind if body.kind in FeedbackKind.__members__.values() else "invalid"
     try:
-        event_id = await services.intake.accept(FeedbackSubmission(**body.model_dump()))
+        submission = FeedbackSubmission(
+            **(body.model_dump() | {"user_id": caller.user(body.user_id)}),
+            credential=caller.key.name,
+            credential_rate_per_minute=caller.rate_per_minute(
+                services.settings.key_rate_per_minute
+            ),
+        )
+        event_id = await services.intake.accept(submission)
     except Exception as exc:  # counted, then answered by the error handlers
         outcome = str(exc.status) if isinstance(exc, ArloopError) else "error"
         services.metrics.feedback.labels(kind, outcome).inc()

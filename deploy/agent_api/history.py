@@ -11,7 +11,7 @@ from pydantic import WithJsonSchema
 
 from agents.errors import ArloopError
 from agents.events import FeedbackKind
-from deploy.agent_api.deps import ApiKey, ServicesDep
+from deploy.agent_api.deps import CallerDep, ServicesDep
 from deploy.agent_api.feedback_log import CURSOR, SECONDS, export_jsonl, feedback_page
 from deploy.agent_api.schemas import (
     FeedbackPage,
@@ -59,9 +59,10 @@ async def get_thread(
     thread_id: ThreadId,
     user_id: Annotated[UserId, Query(description="The user the thread belongs to.")],
     services: ServicesDep,
-    _: ApiKey,
+    caller: CallerDep,
 ) -> ThreadView:
     """A thread's messages, for its own user only (another user's thread is a 404)."""
+    user_id = caller.user(user_id)
     found = await services.runtime.thread_messages(thread_id, user_id)
     if found is None:
         raise ArloopError(404, f"no thread {thread_id!r} for user {user_id!r}")
@@ -79,7 +80,7 @@ async def get_thread(
 @router.get("/v1/feedback", response_model=FeedbackPage, responses=errors(401, 404, 422, 503))
 async def list_feedback(
     services: ServicesDep,
-    _: ApiKey,
+    _: CallerDep,
     agent: AgentName = None,
     since: Since = None,
     kind: Kind = None,
@@ -104,7 +105,7 @@ async def list_feedback(
 )
 async def export_feedback(
     services: ServicesDep,
-    _: ApiKey,
+    _: CallerDep,
     agent: AgentName = None,
     since: Since = None,
     rated_only: bool = False,

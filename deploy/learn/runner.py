@@ -137,7 +137,7 @@ class Learner:
         self.s = settings
         self.console = console or Console()
         self.redis_url = ensure_redis(settings.redis_url, settings.data_dir)
-        self.redis = redis.Redis.from_url(self.redis_url)
+        self.redis = redis.Redis.from_url(self.redis_url, **settings.redis_options(self.redis_url))
         self.store = Store(Path(settings.data_dir) / "learner" / "store.db")
         self.registry = PolicyRegistry(self.redis)
         self.source = TrajectorySource(
