@@ -137,3 +137,21 @@ class SpinUntil(CpuTool):
         while not os.path.exists(args.path):
             pass
         return "released"
+
+
+class PageArgs(BaseModel):
+    page: str
+
+
+class FetchPage(Tool):
+    """Returns a page from `pages` (a test plants instructions in them)."""
+
+    name = "fetch_page"
+    description = "Fetch a page by name."
+    Args = PageArgs
+
+    def __init__(self, pages: dict[str, str]) -> None:
+        self.pages = pages
+
+    async def run(self, args: PageArgs) -> str:
+        return self.pages.get(args.page, "no such page")

@@ -200,6 +200,9 @@ def _judged_and_silent(judged=24, silent=4):
     for i in range(judged):
         good = i % 2 == 0
         t = trajectory(f"What is {i} plus 30?", GOOD if good else BAD, user=f"u{i}", logprobs=True)
+        # fixed ids: the reward model holds runs out by a hash of the id (random ids made the
+        # held-out share, and so the verdict, change from run to run)
+        t = t.model_copy(update={"event_id": f"traj_judged_{i:03d}"})
         events += [t, feedback(t.event_id, "thumbs", 1 if good else -1, user=f"u{i}")]
     for i in range(silent):
         quiet.append(trajectory(f"What is {100 + i} plus 1?", GOOD if i % 2 == 0 else BAD))
