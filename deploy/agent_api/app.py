@@ -15,6 +15,7 @@ import random
 from contextlib import asynccontextmanager
 
 from fastapi import APIRouter, FastAPI, Response
+from fastapi.responses import JSONResponse
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST
 
@@ -25,7 +26,7 @@ from agents.policy_client import warm_up
 from agents.runtime import AgentSpec
 from agents.trajectory_sink import Scrub
 from deploy.agent_api.deps import CallerDep, ServicesDep
-from deploy.agent_api.errors import AllowEveryMethod, install_error_handlers
+from deploy.agent_api.errors import install_error_handlers
 from deploy.agent_api.history import router as history_router
 from deploy.agent_api.limits import BodySizeLimit
 from deploy.agent_api.metrics import ApiMetrics
@@ -49,6 +50,39 @@ from deploy.telemetry import setup_tracing
 
 log = logging.getLogger(__name__)
 router = APIRouter()
+
+
+@router.post(
+    "/v1/feedback",
+    status_code=202,
+    response_model=FeedbackAccepted,
+    responses=errors(400, 401, 403, 409, 413, 422, 429, 500, 503),
+)
+async def feedback(body: FeedbackRequest, caller: CallerDep) -> JSONResponse:
+    """Accept feedback on a trajectory, with the token its run returned."""
+    # The ingest path: one dependency, the answer built directly (response_model documents it)
+    services = caller.services
+    bind(trace=body.trajectory_id)
+    kind = body.kind if body.kind in FeedbackKind.__members__.values() else "invalid"
+    try:
+        submission = FeedbackSubmission(
+            body.trajectory_id,
+            body.feedback_token,
+            body.kind,
+            body.value,
+            body.text,
+            caller.user(body.user_id),
+            body.turn,
+            caller.key.name,
+            caller.rate_per_minute(services.settings.key_rate_per_minute),
+        )
+        event_id = await services.intake.accept(submission)
+    except Exception as exc:  # counted, then answered by the error handlers
+        outcome = str(exc.status) if isinstance(exc, ArloopError) else "error"
+        services.metrics.feedback_counted(kind, outcome).inc()
+        raise
+    services.metrics.feedback_counted(kind, "accepted").inc()
+    return JSONResponse({"event_id": event_id}, status_code=202)
 
 
 @router.get("/healthz", responses=errors(503))
@@ -92,35 +126,6 @@ async def run_agent(
     return answer(services, agent, event)
 
 
-@router.post(
-    "/v1/feedback",
-    status_code=202,
-    response_model=FeedbackAccepted,
-    responses=errors(400, 401, 403, 409, 413, 422, 429, 500, 503),
-)
-async def feedback(
-    body: FeedbackRequest, services: ServicesDep, caller: CallerDep
-) -> FeedbackAccepted:
-    """Accept feedback on a trajectory, with the token its run returned."""
-    bind(trace=body.trajectory_id)
-    kind = body.kind if body.kind in FeedbackKind.__members__.values() else "invalid"
-    try:
-        submission = FeedbackSubmission(
-            **(body.model_dump() | {"user_id": caller.user(body.user_id)}),
-            credential=caller.key.name,
-            credential_rate_per_minute=caller.rate_per_minute(
-                services.settings.key_rate_per_minute
-            ),
-        )
-        event_id = await services.intake.accept(submission)
-    except Exception as exc:  # counted, then answered by the error handlers
-        outcome = str(exc.status) if isinstance(exc, ArloopError) else "error"
-        services.metrics.feedback.labels(kind, outcome).inc()
-        raise
-    services.metrics.feedback.labels(kind, "accepted").inc()
-    return FeedbackAccepted(event_id=event_id)
-
-
 def create_app(
     settings: AgentApiSettings | None = None,
     *,
@@ -150,7 +155,6 @@ def create_app(
 
     app = FastAPI(title="arloop agent API", version="1", lifespan=lifespan)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
-    app.add_middleware(AllowEveryMethod)
     install_error_handlers(app)
     for routes in (router, streaming_router, history_router, pages_router):
         app.include_router(routes)
@@ -171,7 +175,23 @@ def _openapi(app: FastAPI, agents: list[str], max_input_chars: int) -> dict:
                         param["schema"]["enum"] = agents
         run = schema["components"]["schemas"]["RunRequest"]["properties"]["input"]
         run["maxLength"] = max_input_chars
+        _declare_bearer(schema)
     return app.openapi_schema
+
+
+def _declare_bearer(schema: dict) -> None:
+    """The bearer scheme on every operation that can answer 401 (the key is checked by one
+    plain dependency, not FastAPI's HTTPBearer, which the schema would otherwise show)."""
+    schemes = schema.setdefault("components", {}).setdefault("securitySchemes", {})
+    schemes["HTTPBearer"] = {
+        "type": "http",
+        "scheme": "bearer",
+        "description": "One of ARLOOP_API_KEYS.",
+    }
+    for path in schema["paths"].values():
+        for operation in path.values():
+            if "401" in operation.get("responses", {}):
+                operation["security"] = [{"HTTPBearer": []}]
 
 
 def _load_packs(refs: list[str]) -> list[AgentSpec]:

@@ -63,12 +63,16 @@ def install_error_handlers(app: FastAPI) -> None:
         return _answer_detail(request, 422, detail)
 
     @app.exception_handler(HTTPException)
-    async def unreadable_body(request: Request, exc: HTTPException):
-        """FastAPI's "error parsing the body" 400, with the reason its cause gives."""
-        cause = exc.__cause__
-        if exc.status_code != 400 or cause is None:
+    async def http_error(request: Request, exc: HTTPException):
+        """FastAPI's "error parsing the body" 400 with the reason its cause gives, and a 405
+        whose `Allow` lists every method of the path (Starlette names only those of the
+        first route matching it: `OPTIONS /v1/feedback` said `Allow: POST`, though GET
+        serves it too); the rest as FastAPI answers them."""
+        if exc.status_code == 405:
+            exc.headers = (exc.headers or {}) | {"Allow": _methods(request.app, request.url.path)}
+        if exc.status_code != 400 or exc.__cause__ is None:
             return await http_exception_handler(request, exc)
-        return _answer(request, ArloopError(400, _unreadable(cause)))
+        return _answer(request, ArloopError(400, _unreadable(exc.__cause__)))
 
 
 def _unreadable(cause: BaseException) -> str:
@@ -119,27 +123,6 @@ def _safe(value: Any, depth: int = 4) -> Any:
     if isinstance(value, list | tuple):
         return [_safe(v, depth - 1) for v in list(value)[:20]]
     return _safe(str(value))
-
-
-class AllowEveryMethod:
-    """A 405 lists every method the path has in `Allow` (Starlette names only the first route
-    matching the path: `OPTIONS /v1/feedback` said `Allow: POST`, though GET serves it too)."""
-
-    def __init__(self, app) -> None:
-        self.app = app
-
-    async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-
-        async def patched(message) -> None:
-            if message["type"] == "http.response.start" and message["status"] == 405:
-                allowed = _methods(scope["app"], scope["path"])
-                headers = [(k, v) for k, v in message.get("headers", []) if k.lower() != b"allow"]
-                message = {**message, "headers": [*headers, (b"allow", allowed.encode())]}
-            await send(message)
-
-        return await self.app(scope, receive, patched)
 
 
 def _methods(app: FastAPI, path: str) -> str:

@@ -13,7 +13,8 @@ from agents.events import RATE_PREFIX
 
 
 class BodySizeLimit:
-    """Buffers at most `max_bytes` of a request body; more is a 413 with a reason."""
+    """A body declared over `max_bytes` is a 413 before it is read; one sent without a length
+    (chunked) is buffered up to `max_bytes`, and a 413 past it."""
 
     def __init__(self, app, max_bytes: int) -> None:
         self.app = app
@@ -23,8 +24,11 @@ class BodySizeLimit:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         declared = dict(scope["headers"]).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            return await self._refuse(send)
+        if declared is not None and declared.isdigit():
+            if int(declared) > self.max_bytes:
+                return await self._refuse(send)
+            # the server delivers no more than Content-Length: nothing to count or buffer
+            return await self.app(scope, receive, send)
         body, more = b"", True
         while more:
             message = await receive()
