@@ -24,6 +24,8 @@ POLICY_ALIASES = "arloop:policy:aliases"  # hash: alias -> version
 POLICY_VERSIONS = "arloop:policy:versions"  # sorted set: version -> creation time
 POLICY_CHANNEL = "arloop:policy:changed"  # pub/sub: a version or alias moved
 LEARNER_GROUP = "learner"
+LEARNER_LEASE = "arloop:learner:lease"  # the one learner's lease: "<fencing token>|<holder>", TTL
+LEARNER_FENCE = "arloop:learner:fence"  # counter behind the lease's fencing tokens
 LEARNER_STATUS = "arloop:learner:status"  # JSON the learner rewrites: streams, last round, canary
 SERVING_PREFIX = "arloop:serving"  # one key per policy server process: what it serves (TTL)
 # Serving-side keys (agent API): thread state and records, long-term memory, feedback guards.
@@ -191,6 +193,7 @@ class FeedbackEvent(_Event):
     turn: int | None = None  # index of the model step it is about, when per turn
     source: Literal["user", "verifier", "system"] = "user"
     agent: str | None = None  # the agent that ran (from the token; None on older tokens)
+    credential: str | None = None  # the API key's name it came with (None: older events)
 
     @model_validator(mode="after")
     def _value_fits_kind(self) -> FeedbackEvent:
@@ -238,6 +241,18 @@ class PolicyRejected(_Event):
     reason: str
 
 
+class RegistryRewound(_Event):
+    """The registry lost versions a learner had committed and registered (Redis restored from
+    an older snapshot, or failed over to a lagging replica): serving went back to `champion`
+    without a move, and the lost versions' events are trainable again."""
+
+    lost_versions: list[str]
+    champion: str | None
+    retrainable_events: int
+    reason: str
+    actor: str
+
+
 Event = (
     TrajectoryEvent
     | FeedbackEvent
@@ -245,6 +260,7 @@ Event = (
     | PolicyAliasMoved
     | PolicyRolledBack
     | PolicyRejected
+    | RegistryRewound
 )
 _TYPES: dict[str, type[_Event]] = {
     cls.__name__: cls
@@ -255,6 +271,7 @@ _TYPES: dict[str, type[_Event]] = {
         PolicyAliasMoved,
         PolicyRolledBack,
         PolicyRejected,
+        RegistryRewound,
     )
 }
 

@@ -1,14 +1,19 @@
 """Feedback intake: check the signed token and the value, then XADD once, atomically.
 
 A Lua script counts the user's rate window, refuses a replay (a marker per trajectory and
-kind), and XADDs the `FeedbackEvent`; the marker is set only after the XADD succeeded, so
-the two land together or not at all (scripts only use Redis 6.2 commands).
+kind), sets the marker and XADDs the `FeedbackEvent`. Redis does not roll a script back when
+a command in it fails, so the script makes the pair all-or-nothing itself: the marker is set
+first (a failure there writes nothing), and taken back if the XADD then fails. The marker
+holds the event id and a nonce of this submission, so a retry of the same call after a lost
+reply (redis-py retries on connection errors) finds its own marker and answers as the first
+attempt did, rather than 409 (scripts only use Redis 6.2 commands).
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,7 +30,7 @@ from agents.events import (
     check_feedback_value,
     encode,
 )
-from agents.feedback_tokens import TokenClaims, TokenError, check_scope, verify
+from agents.feedback_tokens import MAX_TOKEN_TTL_S, TokenClaims, TokenError, check_scope, verify
 
 USER_KINDS = (
     FeedbackKind.THUMBS,
@@ -34,22 +39,35 @@ USER_KINDS = (
     FeedbackKind.OUTCOME,
 )
 
-# KEYS: rate window, replay marker, stream. ARGV: limit, window s, marker ttl s, event id,
-# then the stream entry's field/value pairs.
+# KEYS: the user's rate window, replay marker, stream, the credential's rate window.
+# ARGV: user limit, window s, marker ttl s, marker value (event id|nonce), credential limit
+# (0: none), then the stream entry's field/value pairs.
 _ACCEPT = """
+local seen = redis.call('GET', KEYS[2])
+if seen == ARGV[4] then return {'again', seen} end
 local n = redis.call('INCR', KEYS[1])
 if n == 1 then redis.call('EXPIRE', KEYS[1], ARGV[2]) end
-if n > tonumber(ARGV[1]) then return {'rate', tostring(redis.call('TTL', KEYS[1]))} end
-local seen = redis.call('GET', KEYS[2])
+if n > tonumber(ARGV[1]) then return {'rate', 'user'} end
+if tonumber(ARGV[5]) > 0 then
+  local k = redis.call('INCR', KEYS[4])
+  if k == 1 then redis.call('EXPIRE', KEYS[4], ARGV[2]) end
+  if k > tonumber(ARGV[5]) then return {'rate', 'key'} end
+end
 if seen then return {'dup', seen} end
-local id = redis.call('XADD', KEYS[3], '*', unpack(ARGV, 5))
-redis.call('SET', KEYS[2], ARGV[4], 'EX', ARGV[3])
+local marked = redis.pcall('SET', KEYS[2], ARGV[4], 'EX', ARGV[3], 'NX')
+if type(marked) == 'table' and marked.err then return {'error', marked.err} end
+local id = redis.pcall('XADD', KEYS[3], '*', unpack(ARGV, 6))
+if type(id) == 'table' and id.err then
+  redis.call('DEL', KEYS[2])
+  return {'error', id.err}
+end
 return {'ok', id}
 """
 
 
 class FeedbackRejected(ArloopError):
-    """Feedback not accepted; `status` is the HTTP answer (401/403/409/422/429)."""
+    """Feedback not accepted; `status` is the HTTP answer (401/403/409/422/429, or 500/503 when
+    Redis refused the write: then nothing was written)."""
 
 
 @dataclass(frozen=True)
@@ -63,6 +81,10 @@ class FeedbackSubmission:
     text: str | None = None
     user_id: str | None = None
     turn: int | None = None
+    credential: str | None = None
+    """The API key's name it came with (the reward cap counts per credential too)."""
+    credential_rate_per_minute: int | None = None
+    """Feedback that credential may send per minute, all its users together (None: no limit)."""
 
 
 def feedback_event_id(trajectory_id: str, kind: str) -> str:
@@ -97,7 +119,8 @@ class FeedbackIntake:
             event = event.model_copy(
                 update={"text": await asyncio.to_thread(self.scrub, event.text)}
             )
-        return await self._write(event, claims)
+        key_limit = sub.credential_rate_per_minute if sub.credential else None
+        return await self._write(event, claims, key_limit or 0)
 
     def _event(self, sub: FeedbackSubmission, claims: TokenClaims) -> FeedbackEvent:
         kind = _kind(sub.kind)
@@ -115,35 +138,62 @@ class FeedbackIntake:
             policy_version=claims.policy_version,
             turn=sub.turn,
             agent=claims.agent,
+            credential=sub.credential,
         )
 
-    async def _write(self, event: FeedbackEvent, claims: TokenClaims) -> str:
+    async def _write(self, event: FeedbackEvent, claims: TokenClaims, key_limit: int) -> str:
         now = time.time()
         window = int(now // 60)
         keys = [
             f"{RATE_PREFIX}:feedback:{claims.user_id}:{window}",
             f"{FEEDBACK_SEEN_PREFIX}:{event.trajectory_id}:{event.kind.value}",
             STREAM_FEEDBACK,
+            f"{RATE_PREFIX}:feedback-key:{event.credential}:{window}",
         ]
-        marker_ttl = max(60, claims.expires_at - int(now) + 60)
+        marker = f"{event.event_id}|{secrets.token_hex(8)}"
         fields = [x for pair in encode(event).items() for x in pair]
-        args = [self.rate_per_minute, 120, marker_ttl, event.event_id, *fields]
+        ttl = marker_ttl(claims, now)
+        args = [self.rate_per_minute, 120, ttl, marker, key_limit, *fields]
         status, detail = (_str(v) for v in await self._accept(keys=keys, args=args))
+        if status == "error":
+            raise FeedbackRejected(
+                503 if detail.startswith(("OOM", "READONLY", "MASTERDOWN")) else 500,
+                f"Redis refused to store the feedback ({detail}); nothing was written, so "
+                "sending it again is safe",
+            )
         if status == "rate":
             wait = max(1, 60 - int(now) % 60)
+            who, limit = (
+                ("this user", self.rate_per_minute)
+                if detail == "user"
+                else (f"API key {event.credential!r}, all its users together", key_limit)
+            )
             raise FeedbackRejected(
                 429,
-                f"too much feedback from this user: {self.rate_per_minute} per minute; "
-                f"retry in {wait} s",
+                f"too much feedback from {who}: {limit} per minute; retry in {wait} s",
                 retry_after=wait,
             )
         if status == "dup":
             raise FeedbackRejected(
                 409,
                 f"{event.kind.value} feedback on this trajectory was already accepted "
-                f"(event_id {detail}); each kind is taken once per trajectory",
+                f"(event_id {detail.split('|')[0]}); each kind is taken once per trajectory",
             )
         return event.event_id
+
+
+def marker_ttl(claims: TokenClaims, now: float) -> int:
+    """Seconds the replay marker must live: past the token's expiry (a replay must meet it).
+    A token whose expiry lies beyond the longest life this service issues is refused (401)
+    before anything is written: Redis refuses such a TTL, and no issued token has one."""
+    left = claims.expires_at - int(now)
+    if left > MAX_TOKEN_TTL_S:
+        raise FeedbackRejected(
+            401,
+            f"feedback_token expires in {left} s, beyond the longest token life of this "
+            f"service ({MAX_TOKEN_TTL_S} s): send the token the run returned, unchanged",
+        )
+    return max(60, left + 60)
 
 
 def _kind(kind: str) -> FeedbackKind:

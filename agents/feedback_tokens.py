@@ -15,6 +15,10 @@ from dataclasses import dataclass
 
 from agents.errors import ArloopError
 
+MAX_TOKEN_TTL_S = 400 * 24 * 3600
+"""The longest life a feedback token may have (`ARLOOP_FEEDBACK_TOKEN_TTL_S` is bounded by it):
+a replay marker must outlive its token, and Redis refuses absurd expiry times."""
+
 
 class TokenError(ArloopError):
     """A token that cannot be accepted; `status` is 401 (not valid) or 403 (not yours)."""

@@ -20,13 +20,16 @@ from agents.events import POLICY_ALIASES, THREAD_PREFIX
 CHAMPION, CANDIDATE = "champion", "candidate"
 
 # Check owner and agent, take the run lock, and draw or reuse the arm, in one atomic step.
+# Whether a candidate exists comes in ARGV[9], read before: the registry is not among the
+# script's keys, so a Redis user that may only read the registry can run it (a script's
+# declared keys need write access).
 _OPEN = """
 local owner = redis.call('HGET', KEYS[1], 'user')
 if owner and owner ~= ARGV[1] then return {'forbidden', owner} end
 local agent = redis.call('HGET', KEYS[1], 'agent')
 if agent and agent ~= ARGV[2] then return {'agent', agent} end
 if not redis.call('SET', KEYS[2], ARGV[5], 'NX', 'PX', ARGV[6]) then return {'busy', ''} end
-local has_candidate = redis.call('HEXISTS', KEYS[3], 'candidate') == 1
+local has_candidate = ARGV[9] == '1'
 local arm = redis.call('HGET', KEYS[1], 'arm')
 local new = '0'
 if not arm then
@@ -97,10 +100,9 @@ class Threads:
             self.lock_ms,
             self.ttl_s,
             time.time(),
+            int(await self.client.hexists(POLICY_ALIASES, CANDIDATE)),
         ]
-        first, second = (
-            _str(v) for v in await self._open(keys=[key, f"{key}:lock", POLICY_ALIASES], args=args)
-        )
+        first, second = (_str(v) for v in await self._open(keys=[key, f"{key}:lock"], args=args))
         if first == "forbidden":
             raise ThreadError(
                 403, f"thread {thread_id!r} belongs to another user; omit thread_id for a new one"

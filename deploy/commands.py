@@ -18,7 +18,13 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from agents.events import PolicyAliasMoved, PolicyPublished, PolicyRejected, PolicyRolledBack
+from agents.events import (
+    PolicyAliasMoved,
+    PolicyPublished,
+    PolicyRejected,
+    PolicyRolledBack,
+    RegistryRewound,
+)
 from deploy.embedded_redis import RedisUnavailable, ensure_redis
 from deploy.learn.settings import LearnerSettings
 from learner.gate.release import ReleaseError, end_canary, promote, rollback
@@ -43,7 +49,7 @@ def actor() -> str:
 
 def open_registry(settings: LearnerSettings) -> tuple[PolicyRegistry, str]:
     url = ensure_redis(settings.redis_url, settings.data_dir)
-    return PolicyRegistry(redis.Redis.from_url(url)), url
+    return PolicyRegistry(redis.Redis.from_url(url, **settings.redis_options(url))), url
 
 
 def versions_table(registry: PolicyRegistry) -> Table:
@@ -170,6 +176,9 @@ def _describe(e: Any) -> tuple[str, str, str]:
         return f"{e.version} rejected ({', '.join(e.failed)})", "gate", e.reason
     if isinstance(e, PolicyPublished):
         return f"{e.version} (parent {e.parent or '-'})", "-", f"{e.trained_events} events"
+    if isinstance(e, RegistryRewound):
+        lost = ", ".join(e.lost_versions)
+        return f"REWOUND: lost {lost}, serving {e.champion or '-'}", e.actor, e.reason
     return "-", "-", "-"
 
 

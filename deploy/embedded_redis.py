@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,8 +67,18 @@ class RedisProcess:
                 self.process.wait()
 
 
-def start_redis(directory: Path, port: int | None = None, *, detach: bool = False) -> RedisProcess:
-    """Start a redis-server on 127.0.0.1 with its data (append-only) in `directory`."""
+def start_redis(
+    directory: Path,
+    port: int | None = None,
+    *,
+    detach: bool = False,
+    extra: Sequence[str] = (),
+    ready_url: str | None = None,
+) -> RedisProcess:
+    """Start a redis-server on 127.0.0.1 with its data (append-only) in `directory`.
+
+    `extra` arguments go to redis-server after ours (an ACL file, TLS); `ready_url` is the URL
+    to check it answers on and to hand back ({port} filled in) when ours would not do."""
     directory.mkdir(parents=True, exist_ok=True)
     port = port or free_port()
     args = [
@@ -88,12 +99,13 @@ def start_redis(directory: Path, port: int | None = None, *, detach: bool = Fals
         str((directory / "redis.pid").resolve()),
         "--protected-mode",
         "yes",
+        *extra,
     ]
     log = open(directory / "redis.log", "ab")
     proc = subprocess.Popen(
         args, stdout=log, stderr=subprocess.STDOUT, start_new_session=detach, close_fds=True
     )
-    url = f"redis://127.0.0.1:{port}/0"
+    url = (ready_url or "redis://127.0.0.1:{port}/0").format(port=port)
     _wait_ready(url, proc, directory)
     (directory / "port").write_text(str(port))
     return RedisProcess(url=url, port=port, directory=directory, process=proc)
@@ -135,8 +147,9 @@ def _wait_ready(url: str, proc: subprocess.Popen, directory: Path, timeout: floa
 
 
 def _ping(url: str) -> bool:
+    tls = {"ssl_cert_reqs": "none"} if url.startswith("rediss://") else {}  # up, not trusted
     try:
-        with redis.Redis.from_url(url, socket_connect_timeout=0.5, socket_timeout=0.5) as r:
+        with redis.Redis.from_url(url, socket_connect_timeout=0.5, socket_timeout=0.5, **tls) as r:
             return bool(r.ping())
     except redis.RedisError:
         return False

@@ -12,18 +12,35 @@ with its new name, never silently ignored (a class's `renamed` table).
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any, ClassVar, Literal
+from urllib.parse import urlsplit
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from agents.feedback_tokens import MAX_TOKEN_TTL_S
 from agents.policy_client import PolicyConfig
+from deploy import redis_conn
+from deploy.credentials import (
+    HOW_TO_MAKE_ONE,
+    KEY_MIN_BITS,
+    KEY_MIN_CHARS,
+    SECRET_MIN_BITS,
+    SECRET_MIN_CHARS,
+    ApiKey,
+    Identity,
+    plain_key,
+    weakness,
+)
 
 DEV_SECRET = "arloop-development-secret-do-not-use-in-production"
 DEV_API_KEY = "dev-key"
 PREFIX = "ARLOOP_"
+EVERY_INTERFACE = ("0.0.0.0", "::", "[::]")
+log = logging.getLogger("arloop.settings")
 
 
 class CommonSettings(BaseSettings):
@@ -40,9 +57,22 @@ class CommonSettings(BaseSettings):
     """Old variable -> what to set instead; setting an old one is an error naming the new."""
 
     env: Literal["development", "production"] = "development"
-    """`production` refuses default secrets and open API keys."""
+    """`production` refuses default or weak secrets and keys, and a Redis without credentials."""
     redis_url: str | None = None
-    """Redis to use; unset starts (or reuses) the embedded server under `data_dir/redis`."""
+    """Redis to use: `redis://[user:password@]host:6379/0`, or `rediss://...` for TLS; unset
+    starts (or reuses) the embedded server under `data_dir/redis` (development only)."""
+    redis_username: str | None = None
+    """Redis ACL user of this process (else the URL's, else `default`): give each process its
+    own (`deploy/manifests/redis-acl.conf`)."""
+    redis_password: SecretStr | None = None
+    """Password of the Redis user (else the URL's)."""
+    redis_ca_cert: Path | None = None
+    """CA certificate to check a `rediss://` server against (unset: the system's)."""
+    redis_health_check_s: float = Field(5.0, ge=0.0)
+    """A pooled Redis connection idle this long is PINGed before it is used (0: never)."""
+    redis_retries: int = Field(3, ge=0)
+    """Retries of a Redis command after a connection error or timeout (a restart, a failover),
+    on a fresh connection, with exponential backoff."""
     data_dir: Path = Path(".arloop")
     """Where the embedded Redis, the learner's store, checkpoints and reports live."""
     log_level: str = "INFO"
@@ -52,6 +82,37 @@ class CommonSettings(BaseSettings):
     otlp_endpoint: str | None = None
     """OTLP/HTTP traces endpoint (e.g. `http://127.0.0.1:4318/v1/traces`): spans around graph
     nodes, tool and model calls go there (needs `arloop[otel]`); unset: none are exported."""
+
+    @model_validator(mode="after")
+    def _redis_with_credentials_in_production(self) -> CommonSettings:
+        if self.env != "production":
+            return self
+        if not self.redis_url:
+            raise ValueError(
+                "ARLOOP_REDIS_URL must be set in production: the embedded Redis has no password. "
+                "Set it to a Redis with an ACL user and password, e.g. "
+                "ARLOOP_REDIS_URL=rediss://arloop-agents:<password>@redis.internal:6379/0"
+            )
+        if not (urlsplit(self.redis_url).password or self.redis_password):
+            raise ValueError(
+                "ARLOOP_REDIS_URL has no credentials: in production any process that reaches "
+                "that Redis could move the champion alias. Give it a user and password "
+                "(redis://<user>:<password>@host:6379/0, or ARLOOP_REDIS_USERNAME and "
+                "ARLOOP_REDIS_PASSWORD); deploy/manifests/redis-acl.conf has one user per process"
+            )
+        host = getattr(self, "host", None)
+        if host in EVERY_INTERFACE:
+            log.warning(
+                "listening on every interface (%s) in production: keep the port behind a "
+                "TLS-terminating gateway or firewall, or set ARLOOP_HOST to one interface",
+                host,
+            )
+        return self
+
+    def redis_options(self, url: str, *, asyncio: bool = False) -> dict[str, Any]:
+        """redis-py client arguments: credentials, TLS, health checks, retries (`asyncio`:
+        for a `redis.asyncio` client)."""
+        return redis_conn.options(self, url, asyncio=asyncio)
 
     @classmethod
     def settings_customise_sources(
@@ -139,10 +200,19 @@ class AgentApiSettings(PolicyEndpointSettings):
     """Interface the agent API listens on."""
     port: int = 8000
     """Port the agent API listens on."""
-    api_keys: list[str] = Field(default_factory=lambda: [DEV_API_KEY])
-    """Bearer keys clients must send; JSON list in the environment: '["k1","k2"]'."""
+    api_keys: list[ApiKey] = Field(default_factory=lambda: [ApiKey(**plain_key(DEV_API_KEY))])
+    """Client credentials, a JSON list: a bare key string (any user_id), or an object binding
+    the key to a tenant and an identity, e.g. `{"key": "...", "name": "web", "tenant": "acme",
+    "identity": "signed"}` (see `deploy/credentials.py`)."""
     secret_key: str = DEV_SECRET
     """Signs feedback tokens (HMAC-SHA256). Must be set outside development."""
+    user_token_secret: SecretStr | None = None
+    """Checks the `X-Arloop-User` tokens of keys with identity `signed` (HMAC-SHA256)."""
+    user_header: str = "X-Forwarded-User"
+    """The gateway's header that names the user, for keys with identity `header`."""
+    key_rate_per_minute: int = Field(1200, ge=1)
+    """Runs (and, counted apart, feedback) one API key may send per minute, all its users
+    together, unless the key sets its own `rate_per_minute`."""
     policy_retries: int = Field(2, ge=0)
     """Retries of a model call on connection errors, timeouts, 429 and 5xx (with backoff)."""
     policy_versioned: bool = True
@@ -153,8 +223,8 @@ class AgentApiSettings(PolicyEndpointSettings):
     """Agent packs to serve: built-in names, or `module:attr` for a team's own `Pack`."""
     max_input_chars: int = 8000
     """Longest user input a run accepts (422 above)."""
-    feedback_token_ttl_s: int = 7 * 24 * 3600
-    """How long a run's feedback token stays valid."""
+    feedback_token_ttl_s: int = Field(7 * 24 * 3600, ge=60, le=MAX_TOKEN_TTL_S)
+    """How long a run's feedback token stays valid (at most 400 days)."""
     feedback_rate_per_minute: int = 60
     """Feedback events one user may send per minute before 429."""
     run_rate_per_minute: int = 120
@@ -183,20 +253,49 @@ class AgentApiSettings(PolicyEndpointSettings):
             "max_tokens": self.policy_max_tokens,
         }
 
+    @field_validator("api_keys", mode="before")
+    @classmethod
+    def _bare_keys(cls, value: Any) -> Any:
+        if isinstance(value, list):
+            return [plain_key(v) if isinstance(v, str) else v for v in value]
+        return value
+
     @model_validator(mode="after")
-    def _no_default_secrets_in_production(self) -> AgentApiSettings:
+    def _no_weak_secrets_in_production(self) -> AgentApiSettings:
+        if any(k.identity is Identity.SIGNED for k in self.api_keys) and not self.user_token_secret:
+            raise ValueError(
+                "an API key has identity 'signed' but ARLOOP_USER_TOKEN_SECRET is unset: set it "
+                f"to the secret your app signs user tokens with (`{HOW_TO_MAKE_ONE}`)"
+            )
         if self.env == "production":
-            if self.secret_key == DEV_SECRET or len(self.secret_key) < 32:
-                raise ValueError(
-                    "ARLOOP_SECRET_KEY must be set to a random string of 32+ characters in "
-                    "production (e.g. `python -c 'import secrets; print(secrets.token_hex(32))'`)"
-                )
-            if DEV_API_KEY in self.api_keys:
-                raise ValueError(
-                    f"ARLOOP_API_KEYS still holds the development key {DEV_API_KEY!r}: set it to "
-                    "your clients' own keys in production, e.g. ARLOOP_API_KEYS='[\"<random>\"]'"
-                )
+            for problem in self._weak_in_production():
+                raise ValueError(problem)
         return self
+
+    def _weak_in_production(self) -> list[str]:
+        out = []
+        why = weakness(self.secret_key, SECRET_MIN_CHARS, SECRET_MIN_BITS)
+        if self.secret_key == DEV_SECRET or why:
+            out.append(
+                f"ARLOOP_SECRET_KEY is too weak for production ({why or 'the development value'})"
+                f": set it to a random string, e.g. `{HOW_TO_MAKE_ONE}`"
+            )
+        if not self.api_keys:
+            out.append("ARLOOP_API_KEYS is empty: give each client its own key")
+        for k in self.api_keys:
+            secret = k.key.get_secret_value()
+            why = "the development key" if secret == DEV_API_KEY else None
+            why = why or weakness(secret, KEY_MIN_CHARS, KEY_MIN_BITS)
+            if why:
+                out.append(
+                    f"API key {k.name!r} is too weak for production ({why}): replace it in "
+                    f"ARLOOP_API_KEYS with a random one, e.g. `{HOW_TO_MAKE_ONE}`"
+                )
+        token = self.user_token_secret
+        why = token and weakness(token.get_secret_value(), SECRET_MIN_CHARS, SECRET_MIN_BITS)
+        if why:
+            out.append(f"ARLOOP_USER_TOKEN_SECRET is too weak ({why}): `{HOW_TO_MAKE_ONE}`")
+        return out
 
 
 class PolicyServerSettings(ModelSettings):

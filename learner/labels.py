@@ -14,8 +14,9 @@ each in log-odds under the feedback noise (`noise`: the share of judgements that
   to teach the model itself to escalate.
 Only each sender's latest word per kind and turn counts (as for rewards). The runs of one
 prompt (the agent and its normalised input text, not only identical tokens) vote together.
-A user's votes are scaled by the same per-user cap as rewards (`learner.rewards.user_scales`
-over the batch's vote mass), so one user cannot label alone what many users judged.
+A user's votes are scaled by the same cap as rewards (`learner.rewards.sender_scales` over the
+batch's vote mass: per credential, then per user), so one user, or one API key posing as many
+users, cannot label alone what many users judged.
 
 Each answer's confidence is a softmax over its summed votes against "none of these" at 0:
 one thumbs-up at 5 % noise gives 0.95; two users who back different answers give under 0.5
@@ -34,7 +35,7 @@ from dataclasses import dataclass
 from agents.events import AnswerPath, FeedbackEvent, FeedbackKind, TrajectoryEvent
 from learner.episodes import Episode
 from learner.policy.chat_format import ToolFormat
-from learner.rewards import feedback_score, user_scales
+from learner.rewards import feedback_score, sender_scales
 from tools.base import Tool
 
 Reader = Callable[[str], str | None]
@@ -74,6 +75,7 @@ class Vote:
     sender: str
     capped: bool
     kind: str
+    credential: str | None = None
 
 
 @dataclass(frozen=True)
@@ -113,11 +115,15 @@ def episode_votes(episode: Episode, readers: Grounding, noise: float) -> list[Vo
         if f.kind is FeedbackKind.CORRECTION:
             said = readers.reference_from(f.text or "")
             if said is not None:
-                votes.append(Vote(key, said, strength, f.user_id, capped, f.kind.value))
+                votes.append(
+                    Vote(key, said, strength, f.user_id, capped, f.kind.value, f.credential)
+                )
             continue
         score = feedback_score(f.kind, f.value)
         if served is not None and score:
-            votes.append(Vote(key, served, score * strength, f.user_id, capped, f.kind.value))
+            votes.append(
+                Vote(key, served, score * strength, f.user_id, capped, f.kind.value, f.credential)
+            )
     return votes
 
 
@@ -142,15 +148,13 @@ def find_labels(
         r = readers.get(episode.trajectory.agent)
         if r is not None:
             votes += [(i, v) for v in episode_votes(episode, r, noise)]
-    masses: dict[str, float] = defaultdict(float)
-    for _, v in votes:
-        if v.capped:
-            masses[v.sender] += abs(v.weight)
-    scales = user_scales(dict(masses), max_user_share)
+    masses = [((v.sender, v.credential), abs(v.weight)) for _, v in votes if v.capped]
+    scales = sender_scales(masses, max_user_share)
     sums: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     senders: dict[str, set[str]] = defaultdict(set)
     for _, v in votes:
-        sums[v.prompt][v.answer] += v.weight * (scales[v.sender] if v.capped else 1.0)
+        scale = scales[(v.sender, v.credential)] if v.capped else 1.0
+        sums[v.prompt][v.answer] += v.weight * scale
         senders[v.prompt].add(v.sender)
     runs: dict[str, list[int]] = defaultdict(list)
     for i, episode in enumerate(episodes):

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from learner.crashpoints import crash_point
+from learner.policy.models import REQUIRED_FILES
 from learner.policy.registry import CHAMPION, AliasConflict, PolicyRegistry, PolicyVersion
 from learner.store import CommittedVersion, Store
 
@@ -59,6 +60,13 @@ def write_checkpoint(
     """Write `<version>.partial` (`save` + manifest), fsync it, rename it to `<version>`."""
     final = checkpoints_dir / version
     partial = checkpoints_dir / (version + PARTIAL)
+    if final.exists():
+        raise CheckpointWriteError(
+            f"checkpoint folder {final} exists already: the registry named the new version "
+            f"{version} again, so its version counter went back (Redis restored from an older "
+            "snapshot, or failed over to a lagging replica). The learner reconciles this at "
+            "the next round; the events stay trainable"
+        )
     try:
         checkpoints_dir.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(partial, ignore_errors=True)
@@ -92,7 +100,12 @@ def publish_version(
     actor: str,
     promote: bool = True,
 ) -> Published:
-    """Checkpoint, commit the ledger, register (and promote): the three steps in their order."""
+    """Checkpoint, commit the ledger, register (and promote): the three steps in their order.
+
+    Fenced (nothing written) when this learner's lease is gone; CheckpointWriteError when the
+    folder the registry's next name points at exists already (the registry went back: see
+    `learner.reconcile`) or the written checkpoint lacks a file it cannot load without."""
+    registry.check_fence()
     version = registry.next_version()
     manifest = {
         "version": version,
@@ -104,6 +117,13 @@ def publish_version(
         "trained_event_ids": list(trained),
     }
     path = write_checkpoint(checkpoints_dir, version, save, manifest)
+    missing = [n for n in REQUIRED_FILES.get(kind, ()) if not (path / n).is_file()]
+    if missing:
+        shutil.rmtree(path, ignore_errors=True)
+        raise CheckpointWriteError(
+            f"checkpoint {version} was written without {', '.join(missing)}: it could never "
+            "load, so it is not published (the round's events stay trainable)"
+        )
     crash_point("after_checkpoint")
     committed = CommittedVersion(version, parent.version, path, manifest, registered=False)
     try:

@@ -9,7 +9,10 @@ The rule, in order:
 3. Poisoning cap: over the batch, a user's reward mass is the sum of |score| of what they sent;
    no user may hold more than `max_user_share` of the total user mass (raised to 1/n when n
    users cannot all fit under it). Users above are scaled down, water-filling style, so the
-   cap holds after scaling. Verifier and system feedback are not a user's and are not capped.
+   cap holds after scaling. The same cap holds per credential first (the API key the feedback
+   came with, all its users together: one key posing as 130 users is one sender), then per
+   user on what is left; feedback without a credential is its user's own group. Verifier and
+   system feedback are not a user's and are not capped.
 4. The trajectory's reward is the mean of its scores about the whole run (feedback without a
    turn), else the mean of all its scores. A turn's reward is the mean of the scores naming
    that turn (`FeedbackEvent.turn` = the `ModelStep.index`), else the trajectory's reward
@@ -19,6 +22,7 @@ The rule, in order:
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
 
@@ -35,6 +39,7 @@ class Scored:
     turn: int | None
     score: float
     at: float
+    credential: str | None = None  # the API key it came with (None: its user's own group)
 
 
 @dataclass(frozen=True)
@@ -62,7 +67,13 @@ def scored(feedback: Sequence[FeedbackEvent]) -> list[Scored]:
         if score is not None:
             key = (f.user_id, f.kind.value, f.turn)
             latest[key] = Scored(
-                f.user_id, f.source == "user", f.kind.value, f.turn, score, f.created_at
+                f.user_id,
+                f.source == "user",
+                f.kind.value,
+                f.turn,
+                score,
+                f.created_at,
+                f.credential,
             )
     return list(latest.values())
 
@@ -91,6 +102,32 @@ def user_scales(masses: dict[str, float], max_share: float) -> dict[str, float]:
     return scales
 
 
+Sender = tuple[str, str | None]
+"""(user, credential) of capped feedback."""
+
+
+def sender_scales(masses: Sequence[tuple[Sender, float]], max_share: float) -> dict[Sender, float]:
+    """Factor per sender: `user_scales` over credentials (all of a key's users together),
+    then over users on the masses that leaves (rule 3)."""
+    pairs: dict[Sender, float] = defaultdict(float)
+    for sender, mass in masses:
+        pairs[sender] += mass
+    groups: dict[str, float] = defaultdict(float)
+    for sender, mass in pairs.items():
+        groups[_group(sender)] += mass
+    first = user_scales(dict(groups), max_share)
+    users: dict[str, float] = defaultdict(float)
+    for sender, mass in pairs.items():
+        users[sender[0]] += mass * first[_group(sender)]
+    second = user_scales(dict(users), max_share)
+    return {s: first[_group(s)] * second[s[0]] for s in pairs}
+
+
+def _group(sender: Sender) -> str:
+    user, credential = sender
+    return f"key\x1f{credential}" if credential is not None else f"user\x1f{user}"
+
+
 def mean_score(items: Sequence[Scored]) -> float | None:
     return sum(i.score for i in items) / len(items) if items else None
 
@@ -115,17 +152,18 @@ def batch_rewards(
 ) -> list[EpisodeReward]:
     """Rewards for a batch of episodes, given each one's feedback and model-step indices."""
     items = [scored(f) for f in feedback]
-    masses: dict[str, float] = {}
-    for i in (i for ep in items for i in ep if i.capped):
-        masses[i.sender] = masses.get(i.sender, 0.0) + abs(i.score)
-    scales = user_scales(masses, max_user_share)
+    masses = [((i.sender, i.credential), abs(i.score)) for ep in items for i in ep if i.capped]
+    scales = sender_scales(masses, max_user_share)
     out = []
     for fb, ep, turns in zip(feedback, items, turn_indices, strict=True):
         if not fb:
             silent = {t: silence_reward for t in turns} if silence_reward is not None else {}
             out.append(EpisodeReward(silence_reward, silent))
             continue
-        ep = [replace(i, score=i.score * scales[i.sender]) if i.capped else i for i in ep]
+        ep = [
+            replace(i, score=i.score * scales[(i.sender, i.credential)]) if i.capped else i
+            for i in ep
+        ]
         out.append(episode_reward(ep, turns))
     return out
 

@@ -188,6 +188,26 @@ class Store:
             for key, value in (meta or {}).items():
                 db.execute("INSERT OR REPLACE INTO meta VALUES (?,?)", (key, json.dumps(value)))
 
+    def forget_versions(self, versions: Sequence[str]) -> list[str]:
+        """Versions that no longer exist (the registry lost them): their rows and ledger go,
+        and the events they trained on are open again, in one transaction; returns those ids."""
+        marks = _marks(versions)
+        with self.transaction() as db:
+            ids = [
+                r[0]
+                for r in db.execute(
+                    f"SELECT event_id FROM ledger WHERE version IN ({marks})", list(versions)
+                ).fetchall()
+            ]
+            db.execute(f"DELETE FROM ledger WHERE version IN ({marks})", list(versions))
+            db.execute(f"DELETE FROM versions WHERE version IN ({marks})", list(versions))
+            for table in ("trajectories", "feedback"):
+                db.executemany(
+                    f"UPDATE {table} SET settled = NULL WHERE event_id = ? AND settled = ?",
+                    [(i, TRAINED) for i in ids],
+                )
+        return ids
+
     def mark_registered(self, version: str) -> None:
         with self.transaction() as db:
             db.execute("UPDATE versions SET registered = 1 WHERE version = ?", (version,))

@@ -7,6 +7,8 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel
 
+from tools.worker import START_TIMEOUT_S, shared_pool
+
 
 class ToolError(Exception):
     """A failure the model should read and can act on (bad argument, nothing found, ...)."""
@@ -20,6 +22,8 @@ class Tool(ABC):
     Args: ClassVar[type[BaseModel]]
     timeout_s: ClassVar[float] = 5.0
     max_output_chars: ClassVar[int] = 4000
+    start_allowance_s: ClassVar[float] = 0.0
+    """Time the sandbox allows beyond `timeout_s` before the work starts (a worker's start)."""
 
     @abstractmethod
     async def run(self, args: BaseModel) -> str:
@@ -33,6 +37,23 @@ class Tool(ABC):
             "type": "function",
             "function": {"name": self.name, "description": self.description, "parameters": schema},
         }
+
+
+class CpuTool(Tool):
+    """A tool whose work is synchronous computation: `compute(args)` runs in a worker process
+    that is killed when `timeout_s` passes (`tools.worker`), so a runaway call stops for real
+    and the event loop never waits on it. `compute` must be a staticmethod (it is pickled by
+    name) and may raise ToolError."""
+
+    start_allowance_s: ClassVar[float] = START_TIMEOUT_S
+
+    @staticmethod
+    @abstractmethod
+    def compute(args: Any) -> str:
+        """The work, in the worker process."""
+
+    async def run(self, args: BaseModel) -> str:
+        return await shared_pool().run(type(self).compute, args, self.timeout_s)
 
 
 class ToolResult(BaseModel):

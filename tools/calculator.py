@@ -11,13 +11,14 @@ from fractions import Fraction
 
 from pydantic import BaseModel, Field
 
-from tools.base import Tool, ToolError
+from tools.base import CpuTool, ToolError
 
 MAX_EXPRESSION_CHARS = 500
 MAX_NODES = 200
 MAX_BITS = 20_000  # ~6,000 digits: big enough for real sums, small enough to stay sub-millisecond
 MAX_EXPONENT = 10_000
 MAX_EXACT_DIGITS = 1000  # longer integers are shown in scientific notation
+MAX_LITERAL_DIGITS = 6000  # a literal's size in decimal digits (1e6000), checked before it is built
 SIGNIFICANT = 10
 
 Number = Fraction | float  # Fraction when exact, float once an irrational step (sqrt 2) happened
@@ -41,7 +42,7 @@ class CalculatorArgs(BaseModel):
     )
 
 
-class Calculator(Tool):
+class Calculator(CpuTool):
     """Exact arithmetic: + - * / // % ** (or ^), decimals, abs/round/min/max/sqrt, pi, e."""
 
     name = "calculator"
@@ -52,7 +53,8 @@ class Calculator(Tool):
     Args = CalculatorArgs
     timeout_s = 2.0
 
-    async def run(self, args: CalculatorArgs) -> str:
+    @staticmethod
+    def compute(args: CalculatorArgs) -> str:
         return calculate(args.expression)
 
 
@@ -129,7 +131,8 @@ class _Evaluator(ast.NodeVisitor):
         if isinstance(node.value, bool) or not isinstance(node.value, int | float):
             return self.generic_visit(node)
         # The literal text, not the float: 0.1 stays exactly one tenth.
-        return _check(Fraction(ast.get_source_segment(self.source, node) or repr(node.value)))
+        text = ast.get_source_segment(self.source, node) or repr(node.value)
+        return _check(Fraction(_bounded_literal(text)))
 
     def visit_Name(self, node: ast.Name) -> Number:
         if node.id in _CONSTANTS:
@@ -164,6 +167,24 @@ class _Evaluator(ast.NodeVisitor):
         if node.keywords:
             raise ToolError(f"{name}() takes positional arguments only.")
         return _check(_FUNCTIONS[name]([self.visit(arg) for arg in node.args]))
+
+
+_DECIMAL = re.compile(r"(?P<int>[\d_]*)(?:\.(?P<frac>[\d_]*))?(?:[eE](?P<exp>[+-]?[\d_]+))?")
+
+
+def _bounded_literal(text: str) -> str:
+    """`text` when its value has at most MAX_LITERAL_DIGITS digits either side of the point;
+    ToolError otherwise, before anything computes `10**exponent` (`1e9999999`)."""
+    match = _DECIMAL.fullmatch(text)
+    if match is None or match.group("exp") is None:
+        return text  # an integer (hex, binary, ...) or plain decimal: its size is its length
+    exponent = int(match.group("exp").replace("_", ""))
+    digits = len(match.group("int").replace("_", "").lstrip("0"))
+    if digits + exponent > MAX_LITERAL_DIGITS or exponent < -MAX_LITERAL_DIGITS:
+        raise ToolError(
+            f"number {text[:40]!r} is out of range: at most about {MAX_LITERAL_DIGITS:,} digits."
+        )
+    return text
 
 
 def _power(base: Number, exponent: Number) -> Number:

@@ -43,14 +43,15 @@ class ToolRegistry:
         return [tool.spec() for tool in self._tools.values()]
 
     async def call(self, name: str, arguments: str | dict[str, Any], call_id: str) -> ToolResult:
-        """Run one tool call in the sandbox and return the observation."""
+        """Run one tool call in the sandbox and return the observation (never raises)."""
         start = time.perf_counter()
+        shown: str | dict[str, Any] = arguments
 
         def result(output: str, error: str | None = None, truncated: bool = False) -> ToolResult:
             return ToolResult(
                 call_id=call_id,
                 name=name,
-                arguments=arguments,
+                arguments=shown,
                 output=output,
                 error=error,
                 truncated=truncated,
@@ -65,17 +66,26 @@ class ToolRegistry:
             raw = json.loads(arguments) if isinstance(arguments, str) else arguments
             args = tool.Args.model_validate(raw)
         except (json.JSONDecodeError, ValidationError) as exc:
+            shown = _clip(arguments)
             return result(
                 f"Error: invalid arguments for {name}: {_short(exc)}", "invalid_arguments"
             )
+        except (RecursionError, ValueError, TypeError):  # nested past any parser's depth
+            shown = _clip(arguments)
+            return result(
+                f"Error: invalid arguments for {name}: nested too deeply or malformed.",
+                "invalid_arguments",
+            )
         try:
-            output = await asyncio.wait_for(tool.run(args), timeout=tool.timeout_s)
+            output = await asyncio.wait_for(
+                tool.run(args), timeout=tool.timeout_s + tool.start_allowance_s
+            )
         except TimeoutError:
             return result(f"Error: {name} timed out after {tool.timeout_s:g} s.", "timeout")
         except ToolError as exc:
             return result(f"Error: {exc}", "tool_error")
-        except Exception as exc:  # a broken tool must not crash the run
-            log.exception("tool %s raised", name)
+        except Exception as exc:  # a broken tool must not crash the run (RecursionError too)
+            log.warning("tool %s raised %s", name, type(exc).__name__, exc_info=exc)
             return result(f"Error: {name} failed ({type(exc).__name__}).", "exception")
         output = str(output)
         if len(output) > tool.max_output_chars:
@@ -85,6 +95,16 @@ class ToolRegistry:
             )
             return result(kept + note, None, truncated=True)
         return result(output)
+
+
+def _clip(arguments: str | dict[str, Any], limit: int = 2000) -> str:
+    """Arguments that did not parse, kept as (at most `limit` characters of) their text."""
+    if isinstance(arguments, str):
+        return arguments[:limit]
+    try:
+        return json.dumps(arguments)[:limit]
+    except (RecursionError, ValueError, TypeError):
+        return repr(type(arguments))
 
 
 def _short(exc: Exception) -> str:

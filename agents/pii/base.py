@@ -108,6 +108,7 @@ class Lexicon:
     surnames: frozenset[str]
     cities: frozenset[str]
     common_words: frozenset[str]  # also a lower-case word in Webster's (Tom, Reading, Will)
+    known_words: frozenset[str] = frozenset()  # lower-case words with a token of their own
 
     def is_name(self, word: str) -> bool:
         key = norm(word)
@@ -118,6 +119,10 @@ class Lexicon:
 
     def is_common(self, word: str) -> bool:
         return norm(word) in self.common_words
+
+    def is_known(self, word: str) -> bool:
+        """A frequent lower-case word (fever, tablets, has): no one's name on its own."""
+        return word.lower() in self.known_words or word.lower() in CASUAL_WORDS
 
     def is_everyday(self, word: str) -> bool:
         """An everyday English word first (Will, Grace, Brown, Can): a name only with a cue."""
@@ -138,7 +143,11 @@ def lexicon() -> Lexicon:
         return frozenset(norm(w) for w in data[name])
 
     return Lexicon(
-        keys("first_names"), keys("surnames"), frozenset(data["cities"]), keys("common_words")
+        keys("first_names"),
+        keys("surnames"),
+        frozenset(data["cities"]),
+        keys("common_words"),
+        frozenset(data.get("known_words", ())),
     )
 
 
@@ -199,6 +208,15 @@ EVERYDAY_WORDS = frozenset(
         "chance cloud coral cotton dale dell don dot duke earl ernest hazel jewel jay joey "
         "kitty lad lamb mae max may mercy misty nick norm patience pip prince rene reed ray "
         "rick sage sandy skip star tad ted terry trinity van vic victor violet willow win eve"
+    ).split()
+)
+# Casual spellings that are words, not names, whatever the lists say (u, ur, thx, cant, lol).
+CASUAL_WORDS = frozenset(
+    (
+        "u ur n r ya yeah yep yup nope ok okay k kk thx ty pls plz lol omg idk tbh btw asap "
+        "cant wont dont didnt doesnt isnt arent wasnt werent hasnt havent hadnt couldnt "
+        "shouldnt wouldnt im ive id ill youre hes shes theyre thats whats theres gonna wanna "
+        "gotta kinda sorta dunno ya'll hi hey hiya sorry thanks cheers also still just"
     ).split()
 )
 # Capitalised words that are not names even when a name list holds them.

@@ -45,6 +45,15 @@ ADDRESS_RULES = [
         ),
         0.8,
     ),
+    # 22 elm street, 4 mill lane: casual lower case, a common street word required
+    Rule(
+        "ADDRESS",
+        re.compile(
+            r"\b\d{1,5}[a-z]?\s+(?:[a-z][a-z'’-]+\s+){1,2}(?:street|st|road|rd|avenue|ave|lane"
+            r"|drive|close|crescent|terrace|grove|gardens|way|court|place|boulevard|blvd)\b"
+        ),
+        0.7,
+    ),
     # 77 Rue de Rivoli, 12 Calle del Sol
     Rule(
         "ADDRESS",
@@ -113,6 +122,9 @@ _LIVE_CUE = re.compile(
     r"town\s+called|city\s+of|town\s+of|village\s+of|village\s+called)\s+(?:in\s+|to\s+|at\s+|near\s+)?"
     r"(?P<value>[A-Za-z][A-Za-z'’-]*(?:\s+(?-i:[A-Z])[A-Za-z'’-]*)?)"
 )
+_LOWER_CITY = re.compile(
+    r"(?:\b(?:in|near|from|to|around|outside|visiting)\s+)(?P<value>[a-z][a-z'’-]+(?:\s[a-z][a-z'’-]+)?)\b"
+)
 _COUNTY = re.compile(r"\b(?:[A-Z][a-z]+\s){1,2}(?:County|Parish|Borough|Township)\b")
 _CITY_STATE = re.compile(
     rf"\b(?P<value>[A-Z][a-z]+(?:\s[A-Z][a-z]+){{0,2}})(?:,?\s+(?P<code>{_CODE})\b|,\s+(?:{_STATE})\b)"
@@ -142,7 +154,7 @@ class PlaceRecognizer(LocalRecognizer):
         found = self.addresses.analyze(text)
         found += self._after_addresses(text, found)
         found += [result("LOCATION", *m.span(), 0.8) for m in _COUNTY.finditer(text)]
-        found += self._cued(text) + self._gazetteer(text)
+        found += self._cued(text) + self._gazetteer(text) + self._lower_cities(text)
         for match in _CITY_STATE.finditer(text):
             # A two-letter code (ID, OK, IN are words too) counts with a postcode or a known city.
             postcode = re.match(rf"\.?,?\s*{_ZIP}\b", text[match.end() :])
@@ -202,6 +214,24 @@ class PlaceRecognizer(LocalRecognizer):
                 if (cued or not ambiguous) and norm(name) not in NOT_NAMES and not organisation:
                     out.append(result("LOCATION", start, end, 0.65))
                 i += n
+        return out
+
+    @staticmethod
+    def _lower_cities(text: str) -> list[RecognizerResult]:
+        """`in leeds`: a known city in lower case after a place cue, when it is no word."""
+        lex, out = lexicon(), []
+        for match in _LOWER_CITY.finditer(text):
+            words = match.group("value").split()
+            for n in (len(words), 1):  # "new york", else "leeds"
+                name = " ".join(words[:n])
+                title = name.title()
+                if title in lex.cities and not any(
+                    lex.is_known(w) or lex.is_common(w) for w in words[:n]
+                ):
+                    if not _is_region_or_word(title):
+                        end = match.start("value") + len(name)
+                        out.append(result("LOCATION", match.start("value"), end, 0.6))
+                    break
         return out
 
     @staticmethod

@@ -15,6 +15,7 @@ import random
 from contextlib import asynccontextmanager
 
 from fastapi import APIRouter, FastAPI, Response
+from fastapi.responses import JSONResponse
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST
 
@@ -24,14 +25,14 @@ from agents.feedback_intake import FeedbackSubmission
 from agents.policy_client import warm_up
 from agents.runtime import AgentSpec
 from agents.trajectory_sink import Scrub
-from deploy.agent_api.deps import ApiKey, ServicesDep
+from deploy.agent_api.deps import CallerDep, ServicesDep
 from deploy.agent_api.errors import install_error_handlers
 from deploy.agent_api.history import router as history_router
 from deploy.agent_api.limits import BodySizeLimit
 from deploy.agent_api.metrics import ApiMetrics
 from deploy.agent_api.pages import STATIC_DIR
 from deploy.agent_api.pages import router as pages_router
-from deploy.agent_api.runs import admit, answer
+from deploy.agent_api.runs import acting, admit, answer
 from deploy.agent_api.schemas import (
     AgentList,
     FeedbackAccepted,
@@ -51,6 +52,39 @@ log = logging.getLogger(__name__)
 router = APIRouter()
 
 
+@router.post(
+    "/v1/feedback",
+    status_code=202,
+    response_model=FeedbackAccepted,
+    responses=errors(400, 401, 403, 409, 413, 422, 429, 500, 503),
+)
+async def feedback(body: FeedbackRequest, caller: CallerDep) -> JSONResponse:
+    """Accept feedback on a trajectory, with the token its run returned."""
+    # The ingest path: one dependency, the answer built directly (response_model documents it)
+    services = caller.services
+    bind(trace=body.trajectory_id)
+    kind = body.kind if body.kind in FeedbackKind.__members__.values() else "invalid"
+    try:
+        submission = FeedbackSubmission(
+            body.trajectory_id,
+            body.feedback_token,
+            body.kind,
+            body.value,
+            body.text,
+            caller.user(body.user_id),
+            body.turn,
+            caller.key.name,
+            caller.rate_per_minute(services.settings.key_rate_per_minute),
+        )
+        event_id = await services.intake.accept(submission)
+    except Exception as exc:  # counted, then answered by the error handlers
+        outcome = str(exc.status) if isinstance(exc, ArloopError) else "error"
+        services.metrics.feedback_counted(kind, outcome).inc()
+        raise
+    services.metrics.feedback_counted(kind, "accepted").inc()
+    return JSONResponse({"event_id": event_id}, status_code=202)
+
+
 @router.get("/healthz", responses=errors(503))
 async def healthz(services: ServicesDep) -> dict[str, str]:
     """200 when Redis answers; 503 with the reason when it does not."""
@@ -58,13 +92,17 @@ async def healthz(services: ServicesDep) -> dict[str, str]:
     return {"status": "ok", "redis": "ok"}
 
 
-@router.get("/metrics")
+@router.get(
+    "/metrics",
+    response_class=Response,
+    responses={200: {"content": {CONTENT_TYPE_LATEST: {}}, "description": "Prometheus text."}},
+)
 async def metrics(services: ServicesDep) -> Response:
     return Response(services.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
 
 @router.get("/v1/agents", response_model=AgentList, responses=errors(401, 503))
-async def list_agents(services: ServicesDep, _: ApiKey) -> AgentList:
+async def list_agents(services: ServicesDep, _: CallerDep) -> AgentList:
     """The agents this service runs."""
     return AgentList(agents=[a.spec.public() for a in services.runtime.agents.values()])
 
@@ -72,37 +110,20 @@ async def list_agents(services: ServicesDep, _: ApiKey) -> AgentList:
 @router.post(
     "/v1/agents/{agent}/runs",
     response_model=RunResponse,
-    responses=errors(401, 403, 404, 409, 413, 429, 502, 503, 504),
+    responses=errors(400, 401, 403, 404, 409, 413, 429, 500, 502, 503, 504),
 )
-async def run_agent(agent: str, body: RunRequest, services: ServicesDep, _: ApiKey) -> RunResponse:
+async def run_agent(
+    agent: str, body: RunRequest, services: ServicesDep, caller: CallerDep
+) -> RunResponse:
     """Run an agent on a new or existing thread; the answer carries a feedback token."""
     trajectory_id = new_id("traj")
     bind(trace=trajectory_id)
-    await admit(services, agent, body)
+    body = acting(body, caller)
+    await admit(services, agent, body, caller)
     event = await services.runtime.run(
         agent, body.input, body.user_id, body.thread_id, body.metadata, trajectory_id=trajectory_id
     )
     return answer(services, agent, event)
-
-
-@router.post(
-    "/v1/feedback",
-    status_code=202,
-    response_model=FeedbackAccepted,
-    responses=errors(401, 403, 409, 413, 422, 429, 503),
-)
-async def feedback(body: FeedbackRequest, services: ServicesDep, _: ApiKey) -> FeedbackAccepted:
-    """Accept feedback on a trajectory, with the token its run returned."""
-    bind(trace=body.trajectory_id)
-    kind = body.kind if body.kind in FeedbackKind.__members__.values() else "invalid"
-    try:
-        event_id = await services.intake.accept(FeedbackSubmission(**body.model_dump()))
-    except Exception as exc:  # counted, then answered by the error handlers
-        outcome = str(exc.status) if isinstance(exc, ArloopError) else "error"
-        services.metrics.feedback.labels(kind, outcome).inc()
-        raise
-    services.metrics.feedback.labels(kind, "accepted").inc()
-    return FeedbackAccepted(event_id=event_id)
 
 
 def create_app(
@@ -138,7 +159,39 @@ def create_app(
     for routes in (router, streaming_router, history_router, pages_router):
         app.include_router(routes)
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+    app.openapi = lambda: _openapi(app, [s.name for s in specs], settings.max_input_chars)
     return app
+
+
+def _openapi(app: FastAPI, agents: list[str], max_input_chars: int) -> dict:
+    """FastAPI's schema with what only this app knows: the agents it serves (the `{agent}`
+    path's values) and the longest input it takes, so clients and schemathesis see both."""
+    if app.openapi_schema is None:
+        schema = FastAPI.openapi(app)
+        for path in schema["paths"].values():
+            for operation in path.values():
+                for param in operation.get("parameters", []):
+                    if param["name"] == "agent" and param["in"] == "path":
+                        param["schema"]["enum"] = agents
+        run = schema["components"]["schemas"]["RunRequest"]["properties"]["input"]
+        run["maxLength"] = max_input_chars
+        _declare_bearer(schema)
+    return app.openapi_schema
+
+
+def _declare_bearer(schema: dict) -> None:
+    """The bearer scheme on every operation that can answer 401 (the key is checked by one
+    plain dependency, not FastAPI's HTTPBearer, which the schema would otherwise show)."""
+    schemes = schema.setdefault("components", {}).setdefault("securitySchemes", {})
+    schemes["HTTPBearer"] = {
+        "type": "http",
+        "scheme": "bearer",
+        "description": "One of ARLOOP_API_KEYS.",
+    }
+    for path in schema["paths"].values():
+        for operation in path.values():
+            if "401" in operation.get("responses", {}):
+                operation["security"] = [{"HTTPBearer": []}]
 
 
 def _load_packs(refs: list[str]) -> list[AgentSpec]:

@@ -1,17 +1,24 @@
 """How failures become answers: `{"detail": reason}` with a status, never a bare 500 for bad input.
 
 One handler answers every `ArloopError` (tokens, threads, feedback, rate limits, unknown agents,
-the policy endpoint's 502/504); Redis being down is a 503 through the same answer. Bodies that
-do not validate keep FastAPI's own 422.
+the policy endpoint's 502/504); Redis being down is a 503 through the same answer, and a command
+Redis refused a 500 naming it. Bodies that do not validate keep FastAPI's 422 shape, with each
+echoed input made safe to send: FastAPI's own handler echoes NaN, Infinity or a lone surrogate
+as it came and then fails to serialise it (a 500 for bad input).
 """
 
 from __future__ import annotations
 
 import logging
+import math
+from typing import Any
 
 import redis
 from fastapi import FastAPI, Request
+from fastapi.exception_handlers import http_exception_handler
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
 
 from agents.errors import ArloopError
 
@@ -30,10 +37,7 @@ class Unauthorized(ArloopError):
 
 def _answer(request: Request, exc: ArloopError) -> JSONResponse:
     """The response for an error, counted by status."""
-    services = getattr(request.app.state, "services", None)
-    if services is not None:
-        services.metrics.errors.labels(str(exc.status)).inc()
-    return JSONResponse({"detail": exc.reason}, status_code=exc.status, headers=exc.headers())
+    return _answer_detail(request, exc.status, exc.reason, exc.headers())
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -46,5 +50,84 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(redis.RedisError)
     async def redis_down(request: Request, exc: redis.RedisError) -> JSONResponse:
         log.warning("redis failed: %s: %s", type(exc).__name__, exc)
+        if isinstance(exc, redis.ResponseError) and not isinstance(exc, redis.BusyLoadingError):
+            # Redis answered and refused: a fault of ours or of its configuration, not an outage
+            reason = f"Redis refused a command: {exc}; the operator's logs have it"
+            return _answer(request, ArloopError(500, reason))
         reason = f"Redis is unavailable ({type(exc).__name__}); retry shortly"
         return _answer(request, ArloopError(503, reason, retry_after=1))
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        detail = [_safe_error(e) for e in exc.errors()]
+        return _answer_detail(request, 422, detail)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException):
+        """FastAPI's "error parsing the body" 400 with the reason its cause gives, and a 405
+        whose `Allow` lists every method of the path (Starlette names only those of the
+        first route matching it: `OPTIONS /v1/feedback` said `Allow: POST`, though GET
+        serves it too); the rest as FastAPI answers them."""
+        if exc.status_code == 405:
+            exc.headers = (exc.headers or {}) | {"Allow": _methods(request.app, request.url.path)}
+        if exc.status_code != 400 or exc.__cause__ is None:
+            return await http_exception_handler(request, exc)
+        return _answer(request, ArloopError(400, _unreadable(exc.__cause__)))
+
+
+def _unreadable(cause: BaseException) -> str:
+    if isinstance(cause, RecursionError):
+        what = "it is nested too deeply"
+    elif isinstance(cause, UnicodeDecodeError):
+        what = "it is not valid UTF-8"
+    elif isinstance(cause, ValueError) and "digits" in str(cause):
+        what = "it holds an integer of more than 4300 digits"
+    else:
+        what = f"it could not be parsed ({type(cause).__name__})"
+    return f"the request body is not JSON this API can read: {what}"
+
+
+def _answer_detail(
+    request: Request, status: int, detail: Any, headers: dict[str, str] | None = None
+) -> JSONResponse:
+    """`{"detail": detail}` with a status, counted by status."""
+    services = getattr(request.app.state, "services", None)
+    if services is not None:
+        services.metrics.errors.labels(str(status)).inc()
+    return JSONResponse({"detail": detail}, status_code=status, headers=headers)
+
+
+def _safe_error(error: dict[str, Any]) -> dict[str, Any]:
+    """One pydantic error with every value JSON can carry: the input clipped and escaped."""
+    out = {k: _safe(v) for k, v in error.items() if k in ("type", "loc", "msg", "ctx")}
+    if "input" in error:
+        out["input"] = _safe(error["input"], depth=2)
+    return out
+
+
+def _safe(value: Any, depth: int = 4) -> Any:
+    """`value` as strict JSON: non-finite numbers and lone surrogates as text, long text
+    clipped, containers cut at `depth` (deeply nested input is echoed as `...`)."""
+    if isinstance(value, bool) or value is None:
+        return value
+    if isinstance(value, int):
+        return value if abs(value) < 2**53 else str(value)[:40]
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    if isinstance(value, str):
+        return value[:200].encode("utf-8", "backslashreplace").decode("utf-8")
+    if depth <= 0:
+        return "..."
+    if isinstance(value, dict):
+        return {_safe(str(k)): _safe(v, depth - 1) for k, v in list(value.items())[:20]}
+    if isinstance(value, list | tuple):
+        return [_safe(v, depth - 1) for v in list(value)[:20]]
+    return _safe(str(value))
+
+
+def _methods(app: FastAPI, path: str) -> str:
+    found: set[str] = set()
+    for route in app.router.routes:
+        if getattr(route, "methods", None) and route.path_regex.match(path):
+            found |= route.methods
+    return ", ".join(sorted(found))

@@ -8,11 +8,10 @@ trimmed yet (it trims only below what it has acknowledged), so this is recent hi
 from __future__ import annotations
 
 import json
-import math
 import re
 from collections import defaultdict
 from collections.abc import AsyncIterator
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -33,27 +32,52 @@ BATCH = 500
 SCAN_BATCHES = 10
 """A page reads at most this many batches: filters that match little return a short page
 with `next_cursor` rather than scanning the whole stream in one request."""
-_ENTRY_ID = re.compile(r"^\d{1,20}-\d{1,20}$")
+CURSOR = r"^\d{1,19}-\d{1,19}$"
+"""A stream entry id as the API hands it out (19 digits: below Redis's 2^64 bound)."""
+SECONDS = r"^\d{1,10}(\.\d{1,6})?$"
+"""`since` as seconds since the epoch."""
+_ENTRY_ID = re.compile(CURSOR)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_RFC3339 = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})$")
 
 
 def parse_since(value: str | None) -> str:
-    """The first stream id at or after `since` (seconds since the epoch, or ISO 8601)."""
-    if value is None or value == "":
+    """The first stream id at or after `since`: seconds since the epoch, or an RFC 3339 time
+    (exactly the forms the OpenAPI schema declares; times before 1970 read as 1970)."""
+    if value is None:
         return "-"
+    if re.match(SECONDS, value):
+        return f"{int(float(value) * 1000)}-0"
     try:
-        seconds = float(value)
+        float(value)
     except ValueError:
-        try:
-            seconds = datetime.fromisoformat(value).timestamp()
-        except ValueError:
-            raise ArloopError(
-                422,
-                f"since={value[:40]!r} is neither seconds since the epoch nor an ISO 8601 time "
-                "(e.g. 1767225600 or 2026-01-01T00:00:00+00:00)",
-            ) from None
-    if not math.isfinite(seconds) or not 0 <= seconds < 1e11:
-        raise ArloopError(422, f"since={value[:40]!r} is out of range")
-    return f"{int(seconds * 1000)}-0"
+        pass
+    else:
+        raise ArloopError(
+            422, f"since={value[:40]!r} is out of range: seconds since the epoch, as digits"
+        )
+    seconds = _rfc3339_seconds(value)
+    if seconds is None:
+        raise ArloopError(
+            422,
+            f"since={value[:40]!r} is neither seconds since the epoch nor an ISO 8601 "
+            "(RFC 3339) time with its offset (e.g. 1767225600 or 2026-01-01T00:00:00Z)",
+        )
+    return f"{int(min(max(seconds, 0.0), 1e11) * 1000)}-0"
+
+
+def _rfc3339_seconds(value: str) -> float | None:
+    if not _RFC3339.match(value):
+        return None
+    text = value.upper().replace("Z", "+00:00")
+    head, dot, rest = text.partition(".")  # Python reads at most 6 fractional digits
+    if dot:
+        digits = re.match(r"\d+", rest).group(0)
+        text = f"{head}.{digits[:6].ljust(6, '0')}{rest[len(digits) :]}"
+    try:
+        return (datetime.fromisoformat(text) - _EPOCH).total_seconds()
+    except ValueError:
+        return None
 
 
 def parse_cursor(value: str) -> str:
@@ -84,7 +108,7 @@ async def feedback_page(
     limit: int,
 ) -> FeedbackPage:
     """Up to `limit` feedback events matching the filters, oldest first, and where to go on."""
-    start = parse_cursor(cursor) if cursor else parse_since(since)
+    start = parse_cursor(cursor) if cursor is not None else parse_since(since)
     wanted = parse_kind(kind)
     items: list[FeedbackItem] = []
     for _ in range(SCAN_BATCHES):

@@ -7,10 +7,12 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query
 from fastapi.responses import StreamingResponse
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, ToolMessage
+from pydantic import WithJsonSchema
 
 from agents.errors import ArloopError
-from deploy.agent_api.deps import ApiKey, ServicesDep
-from deploy.agent_api.feedback_log import export_jsonl, feedback_page
+from agents.events import FeedbackKind
+from deploy.agent_api.deps import CallerDep, ServicesDep
+from deploy.agent_api.feedback_log import CURSOR, SECONDS, export_jsonl, feedback_page
 from deploy.agent_api.schemas import (
     FeedbackPage,
     ThreadId,
@@ -24,18 +26,43 @@ router = APIRouter()
 AgentName = Annotated[str | None, Query(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
 Since = Annotated[
     str | None,
-    Query(max_length=40, description="Seconds since the epoch, or an ISO 8601 time."),
+    Query(
+        max_length=40,
+        description="Seconds since the epoch (digits), or an RFC 3339 time "
+        "(`2026-01-01T00:00:00Z`).",
+    ),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "string", "pattern": SECONDS},
+                {"type": "string", "format": "date-time"},
+            ]
+        }
+    ),
+]
+Kind = Annotated[
+    str | None,
+    Query(max_length=32),
+    WithJsonSchema({"type": "string", "enum": [k.value for k in FeedbackKind]}),
+]
+Cursor = Annotated[
+    str | None,
+    Query(max_length=48, description="`next_cursor` of the previous page."),
+    WithJsonSchema({"type": "string", "pattern": CURSOR}),  # checked with a reason (422)
 ]
 
 
-@router.get("/v1/threads/{thread_id}", response_model=ThreadView, responses=errors(401, 404, 503))
+@router.get(
+    "/v1/threads/{thread_id}", response_model=ThreadView, responses=errors(401, 404, 422, 503)
+)
 async def get_thread(
     thread_id: ThreadId,
     user_id: Annotated[UserId, Query(description="The user the thread belongs to.")],
     services: ServicesDep,
-    _: ApiKey,
+    caller: CallerDep,
 ) -> ThreadView:
     """A thread's messages, for its own user only (another user's thread is a 404)."""
+    user_id = caller.user(user_id)
     found = await services.runtime.thread_messages(thread_id, user_id)
     if found is None:
         raise ArloopError(404, f"no thread {thread_id!r} for user {user_id!r}")
@@ -53,11 +80,11 @@ async def get_thread(
 @router.get("/v1/feedback", response_model=FeedbackPage, responses=errors(401, 404, 422, 503))
 async def list_feedback(
     services: ServicesDep,
-    _: ApiKey,
+    _: CallerDep,
     agent: AgentName = None,
     since: Since = None,
-    kind: Annotated[str | None, Query(max_length=32)] = None,
-    cursor: Annotated[str | None, Query(max_length=48, description="`next_cursor`.")] = None,
+    kind: Kind = None,
+    cursor: Cursor = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
 ) -> FeedbackPage:
     """Accepted feedback, oldest first, filtered by agent, time and kind; pages by `cursor`."""
@@ -78,7 +105,7 @@ async def list_feedback(
 )
 async def export_feedback(
     services: ServicesDep,
-    _: ApiKey,
+    _: CallerDep,
     agent: AgentName = None,
     since: Since = None,
     rated_only: bool = False,

@@ -13,7 +13,8 @@ from agents.events import RATE_PREFIX
 
 
 class BodySizeLimit:
-    """Buffers at most `max_bytes` of a request body; more is a 413 with a reason."""
+    """A body declared over `max_bytes` is a 413 before it is read; one sent without a length
+    (chunked) is buffered up to `max_bytes`, and a 413 past it."""
 
     def __init__(self, app, max_bytes: int) -> None:
         self.app = app
@@ -23,8 +24,11 @@ class BodySizeLimit:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         declared = dict(scope["headers"]).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            return await self._refuse(send)
+        if declared is not None and declared.isdigit():
+            if int(declared) > self.max_bytes:
+                return await self._refuse(send)
+            # the server delivers no more than Content-Length: nothing to count or buffer
+            return await self.app(scope, receive, send)
         body, more = b"", True
         while more:
             message = await receive()
@@ -74,16 +78,30 @@ class RateLimiter:
     def __init__(self, client: aioredis.Redis) -> None:
         self.client = client
 
-    async def hit(self, scope: str, user_id: str, per_minute: int) -> None:
-        """Count one request; RateLimited past `per_minute` in the current minute."""
+    async def hit(
+        self,
+        scope: str,
+        user_id: str,
+        per_minute: int,
+        credential: tuple[str, int] | None = None,
+    ) -> None:
+        """Count one request for the user (and for the `(name, per_minute)` credential, all
+        its users together); RateLimited past either limit in the current minute."""
         now = time.time()
-        key = f"{RATE_PREFIX}:{scope}:{user_id}:{int(now // 60)}"
+        window = int(now // 60)
+        counted = [(f"{RATE_PREFIX}:{scope}:{user_id}:{window}", per_minute, f"user {user_id!r}")]
+        if credential is not None:
+            name, limit = credential
+            counted.append((f"{RATE_PREFIX}:{scope}-key:{name}:{window}", limit, f"key {name!r}"))
         async with self.client.pipeline(transaction=False) as pipe:
-            count, _ = await pipe.incr(key).expire(key, 120).execute()
-        if count > per_minute:
-            wait = max(1, 60 - int(now) % 60)
-            raise RateLimited(
-                f"too many {scope} for user {user_id!r}: the limit is {per_minute} per minute; "
-                f"retry in {wait} s",
-                retry_after=wait,
-            )
+            for key, _, _ in counted:
+                pipe.incr(key).expire(key, 120)
+            replies = await pipe.execute()
+        for (_, limit, who), count in zip(counted, replies[::2], strict=True):
+            if count > limit:
+                wait = max(1, 60 - int(now) % 60)
+                raise RateLimited(
+                    f"too many {scope} for {who}: the limit is {limit} per minute; "
+                    f"retry in {wait} s",
+                    retry_after=wait,
+                )

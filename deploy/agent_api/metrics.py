@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
 from agents.events import TrajectoryEvent
@@ -31,12 +33,20 @@ class ApiMetrics:
             "arloop_feedback", "Feedback submissions.", ["kind", "outcome"], registry=r
         )
         self.errors = Counter("arloop_http_errors", "Error answers.", ["status"], registry=r)
+        self._feedback: dict[tuple[str, str], Any] = {}
         self.streams = Counter(
             "arloop_run_streams",
             "Streamed runs by how they ended: completed, error, cancelled (client left).",
             ["outcome"],
             registry=r,
         )
+
+    def feedback_counted(self, kind: str, outcome: str):
+        """The feedback counter of (kind, outcome), looked up once (the ingest path's)."""
+        child = self._feedback.get((kind, outcome))
+        if child is None:
+            child = self._feedback[(kind, outcome)] = self.feedback.labels(kind, outcome)
+        return child
 
     def observe_run(self, event: TrajectoryEvent) -> None:
         self.runs.labels(event.agent, event.status.value).inc()

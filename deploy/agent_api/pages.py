@@ -15,7 +15,7 @@ from fastapi import APIRouter
 from fastapi.responses import FileResponse, RedirectResponse
 
 from deploy.agent_api.dashboard_data import snapshot
-from deploy.agent_api.deps import ApiKey, ServicesDep
+from deploy.agent_api.deps import CallerDep, ServicesDep
 from deploy.agent_api.schemas import errors
 
 STATIC_DIR = Path(__file__).parent / "static"
@@ -40,7 +40,7 @@ for path, file in PAGES.items():
 
 
 @router.get("/v1/dashboard", responses=errors(401, 503))
-async def dashboard(services: ServicesDep, _: ApiKey) -> dict[str, Any]:
+async def dashboard(services: ServicesDep, _: CallerDep) -> dict[str, Any]:
     """The loop at a glance: versions (held-out success, live traffic, gate), rounds, canary,
     streams, learner, and what each policy server serves; charts as SVG."""
     share = services.settings.canary_share
@@ -48,7 +48,7 @@ async def dashboard(services: ServicesDep, _: ApiKey) -> dict[str, Any]:
 
 
 @router.get("/v1/report-card", responses=errors(401, 503))
-async def report_card(services: ServicesDep, _: ApiKey) -> dict[str, Any]:
+async def report_card(services: ServicesDep, _: CallerDep) -> dict[str, Any]:
     """Per agent and version: goal consistency, error recovery, self-reflection use, stress
     cases (definitions: the README's "Agent report card")."""
     await asyncio.to_thread(services.tally.refresh, services.reader)

@@ -12,6 +12,7 @@ import logging
 from agents.errors import ArloopError
 from agents.events import TrajectoryEvent
 from agents.feedback_tokens import issue
+from deploy.agent_api.deps import CREDENTIAL, Caller
 from deploy.agent_api.schemas import RunRequest, RunResponse
 from deploy.agent_api.services import Services
 from deploy.logs import bind
@@ -19,8 +20,17 @@ from deploy.logs import bind
 log = logging.getLogger("deploy.agent_api.app")
 
 
-async def admit(services: Services, agent: str, body: RunRequest) -> None:
-    """404 for an unknown agent, 413 for an input over the limit, 429 over the rate."""
+def acting(body: RunRequest, caller: Caller) -> RunRequest:
+    """The request as the caller's credential allows it: the user it acts as (tenant-scoped,
+    403 for someone else than a bound key's user) and the credential in the metadata."""
+    user = caller.user(body.user_id)
+    metadata = body.metadata | {CREDENTIAL: caller.key.name}
+    return body.model_copy(update={"user_id": user, "metadata": metadata})
+
+
+async def admit(services: Services, agent: str, body: RunRequest, caller: Caller) -> None:
+    """404 for an unknown agent, 413 for an input over the limit, 429 over the rate (the
+    user's, and the credential's for all its users together)."""
     settings = services.settings
     services.runtime.spec(agent)
     if len(body.input) > settings.max_input_chars:
@@ -29,7 +39,12 @@ async def admit(services: Services, agent: str, body: RunRequest) -> None:
             f"input has {len(body.input)} characters; the limit is "
             f"{settings.max_input_chars} (ARLOOP_MAX_INPUT_CHARS)",
         )
-    await services.limiter.hit("runs", body.user_id, settings.run_rate_per_minute)
+    await services.limiter.hit(
+        "runs",
+        body.user_id,
+        settings.run_rate_per_minute,
+        credential=(caller.key.name, caller.rate_per_minute(settings.key_rate_per_minute)),
+    )
 
 
 def answer(services: Services, agent: str, event: TrajectoryEvent) -> RunResponse:

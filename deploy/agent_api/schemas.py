@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    field_validator,
+    model_validator,
+)
 
 UserId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.@+-]{1,128}$")]
 ThreadId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.-]{1,128}$")]
@@ -13,8 +21,27 @@ MAX_METADATA_VALUE = 512
 RESERVED_PREFIX = "arloop."  # keys the runtime itself writes
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="after")
+    def _valid_unicode(self) -> _Body:
+        """JSON may carry lone surrogates (`"\\ud800"`); no text we store or answer can."""
+        for name in type(self).model_fields:
+            where = _surrogate_at(getattr(self, name), name)
+            if where is not None:
+                raise ValueError(
+                    f"{where} holds a lone surrogate (an unpaired \\ud800-\\udfff escape): "
+                    "send valid Unicode text"
+                )
+        return self
+
+
+MetadataKey = Annotated[str, StringConstraints(min_length=1, max_length=64)]
+MetadataValue = Annotated[str, StringConstraints(max_length=MAX_METADATA_VALUE)]
 
 
 class RunRequest(_Body):
@@ -23,22 +50,32 @@ class RunRequest(_Body):
     input: str = Field(min_length=1, description="The user's message.")
     user_id: UserId
     thread_id: ThreadId | None = Field(None, description="Continue this thread; new if unset.")
-    metadata: dict[str, str] = Field(
+    metadata: dict[MetadataKey, MetadataValue] = Field(
         default_factory=dict,
-        description=f"Up to {MAX_METADATA_KEYS} string pairs copied into the trajectory.",
+        max_length=MAX_METADATA_KEYS,
+        description=f"Up to {MAX_METADATA_KEYS} string pairs copied into the trajectory; keys "
+        f"starting '{RESERVED_PREFIX}' are the runtime's own and refused.",
     )
 
     @field_validator("metadata")
     @classmethod
-    def _small_and_plain(cls, value: dict[str, str]) -> dict[str, str]:
-        if len(value) > MAX_METADATA_KEYS:
-            raise ValueError(f"at most {MAX_METADATA_KEYS} metadata keys")
-        for key, item in value.items():
-            if not 1 <= len(key) <= 64 or key.startswith(RESERVED_PREFIX):
+    def _not_reserved(cls, value: dict[str, str]) -> dict[str, str]:
+        for key in value:
+            if key.startswith(RESERVED_PREFIX):
                 raise ValueError(f"metadata key {key[:70]!r}: 1-64 characters, not 'arloop.*'")
-            if len(item) > MAX_METADATA_VALUE:
-                raise ValueError(f"metadata value of {key!r} is over {MAX_METADATA_VALUE} chars")
         return value
+
+
+def _surrogate_at(value: Any, where: str) -> str | None:
+    """The path of the first string (or key) in `value` holding a lone surrogate, else None."""
+    if isinstance(value, str):
+        return where if _SURROGATE.search(value) else None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            found = _surrogate_at(key, f"{where} key") or _surrogate_at(item, f"{where}.{key}")
+            if found is not None:
+                return found.encode("utf-8", "backslashreplace").decode()
+    return None
 
 
 class RunResponse(BaseModel):
@@ -66,12 +103,42 @@ class RunResponse(BaseModel):
     )
 
 
+# Python's str.isspace() characters, spelt out so every regex engine agrees with `strip()`.
+_NOT_SPACE = "[^\\t\\n\\x0b\\x0c\\r\\x1c-\\x20\\x85\\xa0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000]"
+_VALUE_BY_KIND = {  # what agents.events.check_feedback_value accepts, per kind
+    "thumbs": {"properties": {"value": {"enum": [1, -1]}}, "required": ["value"]},
+    "rating": {"properties": {"value": {"type": "number", "minimum": 1, "maximum": 5}}},
+    "outcome": {"properties": {"value": {"type": "number", "minimum": 0, "maximum": 1}}},
+    "correction": {"properties": {"text": {"type": "string", "pattern": _NOT_SPACE}}},
+}
+
+
+def _value_fits_kind(schema: dict[str, Any]) -> None:
+    """The schema says which value each kind takes (the intake checks it with a reason)."""
+    schema["allOf"] = [
+        {
+            "if": {"properties": {"kind": {"const": kind}}, "required": ["kind"]},
+            "then": {
+                "properties": rule["properties"],
+                "required": rule.get("required", list(rule["properties"])),
+            },
+        }
+        for kind, rule in _VALUE_BY_KIND.items()
+    ]
+
+
 class FeedbackRequest(_Body):
     """`POST /v1/feedback`."""
 
+    model_config = ConfigDict(extra="forbid", json_schema_extra=_value_fits_kind)
+
     trajectory_id: str = Field(min_length=1, max_length=128)
     feedback_token: str | None = Field(None, max_length=2048)
-    kind: str = Field(max_length=32, description="thumbs, rating, correction or outcome.")
+    kind: str = Field(
+        max_length=32,
+        description="thumbs, rating, correction or outcome.",
+        json_schema_extra={"enum": list(_VALUE_BY_KIND)},
+    )
     value: float | None = Field(None, allow_inf_nan=False)
     text: str | None = Field(None, max_length=8000)
     user_id: UserId | None = None
@@ -92,12 +159,33 @@ class ErrorBody(BaseModel):
     detail: str
 
 
+class FieldError(BaseModel):
+    """One field that did not validate (pydantic's error, with its input made safe to send)."""
+
+    type: str
+    loc: list[str | int]
+    msg: str
+    input: Any = None
+    ctx: dict[str, Any] | None = None
+
+
+class InvalidRequest(BaseModel):
+    """A 422: the reason as text, or the fields that did not validate."""
+
+    detail: str | list[FieldError]
+
+
 def errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
     """OpenAPI `responses` for the error statuses a route can answer."""
-    return {s: {"model": ErrorBody, "description": ERROR_MEANINGS[s]} for s in statuses}
+    return {
+        s: {"model": InvalidRequest if s == 422 else ErrorBody, "description": ERROR_MEANINGS[s]}
+        for s in statuses
+    }
 
 
 ERROR_MEANINGS = {
+    400: "The body is not JSON this API can read: invalid UTF-8, nested too deeply, or an "
+    "integer of more than 4300 digits.",
     401: "Missing or unknown API key (`Authorization: Bearer <key>`), or an invalid "
     "feedback token.",
     403: "The thread or token belongs to another user.",
@@ -107,6 +195,7 @@ ERROR_MEANINGS = {
     422: "A parameter or body field is invalid; the detail names it.",
     429: "Over the per-user rate limit; `Retry-After` says when to retry.",
     502: "The policy endpoint failed.",
+    500: "Redis refused a command (a fault on our side, in the operator's logs).",
     503: "Redis is unavailable; retry shortly.",
     504: "The policy endpoint timed out.",
 }

@@ -45,10 +45,12 @@ def open_services(
     rng: random.Random | None = None,
 ) -> Services:
     """Connect to Redis (lazily: a Redis that is down now is a 503 later, not a crash)."""
+    timeouts = {
+        "socket_timeout": settings.redis_timeout_s,
+        "socket_connect_timeout": min(2.0, settings.redis_timeout_s),
+    }
     client = aioredis.from_url(
-        redis_url,
-        socket_timeout=settings.redis_timeout_s,
-        socket_connect_timeout=min(2.0, settings.redis_timeout_s),
+        redis_url, **settings.redis_options(redis_url, asyncio=True), **timeouts
     )
     runtime = AgentRuntime.on_redis(
         client,
@@ -63,7 +65,7 @@ def open_services(
         durability=settings.checkpoint_durability,
     )
     intake = FeedbackIntake(client, settings.secret_key, settings.feedback_rate_per_minute, scrub)
-    reader = redis.Redis.from_url(redis_url, socket_timeout=settings.redis_timeout_s)
+    reader = redis.Redis.from_url(redis_url, **settings.redis_options(redis_url), **timeouts)
     return Services(settings, client, runtime, intake, RateLimiter(client), metrics, reader)
 
 

@@ -36,8 +36,8 @@ from starlette.types import Receive, Scope, Send
 from agents.errors import ArloopError
 from agents.events import ModelStep, ToolStep, new_id
 from agents.run_context import RunUpdate
-from deploy.agent_api.deps import ApiKey, ServicesDep
-from deploy.agent_api.runs import admit, answer
+from deploy.agent_api.deps import CallerDep, ServicesDep
+from deploy.agent_api.runs import acting, admit, answer
 from deploy.agent_api.schemas import RunRequest, errors
 from deploy.agent_api.services import Services
 from deploy.logs import bind
@@ -53,13 +53,14 @@ STREAM_DOC = (__doc__ or "").split("\n\n", 1)[1]
     response_class=StreamingResponse,
     responses={
         200: {"content": {"text/event-stream": {}}, "description": "The run's events."},
-        **errors(401, 403, 404, 409, 413, 429, 503),
+        **errors(400, 401, 403, 404, 409, 413, 422, 429, 500, 503),
     },
     description=STREAM_DOC,
 )
-async def run_stream(agent: str, body: RunRequest, services: ServicesDep, _: ApiKey):
+async def run_stream(agent: str, body: RunRequest, services: ServicesDep, caller: CallerDep):
     """Run an agent and stream its answer as Server-Sent Events."""
-    await admit(services, agent, body)
+    body = acting(body, caller)
+    await admit(services, agent, body, caller)
     run = RunStream(services, agent, body)
     await run.start()
     return EventStream(run.events(), on_close=run.cancel)

@@ -25,6 +25,7 @@ import asyncio
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
+from typing import Any
 
 import redis.asyncio as aioredis
 
@@ -120,6 +121,8 @@ class EvalRuns:
     concurrency: int = 4
     solved_at: float = 1.0
     progress: Progress | None = None
+    redis_options: dict[str, Any] = field(default_factory=dict)
+    """Credentials, TLS, health checks and retries of the Redis client (the settings')."""
     _kept: dict[str, TrajectoryEvent] = field(default_factory=dict, init=False, repr=False)
     """Whole runs this process made, by version and cache field: `keep` reuses them."""
 
@@ -161,7 +164,10 @@ class EvalRuns:
     async def _all(self, version, form, jobs, temperature, keep):
         """Each job's result; jobs with the same cache field (a greedy agent's k samples)
         run once."""
-        client = aioredis.from_url(self.redis_url, socket_connect_timeout=30, socket_timeout=60)
+        client = aioredis.from_url(
+            self.redis_url,
+            **(self.redis_options | {"socket_connect_timeout": 30, "socket_timeout": 60}),
+        )
         try:
             key = EVAL_CACHE_PREFIX + version
             # a job without a seed is greedy (an agent that samples greedily, or temperature 0)

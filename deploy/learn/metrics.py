@@ -13,6 +13,7 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -119,6 +120,9 @@ class LearnerTelemetry:
         self.canary: dict[str, Any] | None = None
         self.release: str | None = None
         self.error: str | None = None
+        self.check_champion: Callable[[], str | None] | None = None
+        """Why the champion cannot load (None: it can), asked at each refresh."""
+        self.champion_problem: str | None = None
         self._next = 0.0
 
     def round_done(self, version: str, metrics: dict[str, float], seconds: float) -> None:
@@ -157,6 +161,8 @@ class LearnerTelemetry:
         self._next = now + self.interval_s
         stats = all_stats(self.client)
         self.metrics.observe_streams(stats)
+        if self.check_champion is not None:
+            self.champion_problem = self.check_champion()
         status = {
             "consumer": self.consumer,
             "updated_at": time.time(),
@@ -165,8 +171,24 @@ class LearnerTelemetry:
             "canary": self.canary,
             "release": self.release,
             "last_error": self.error,
+            "champion_problem": self.champion_problem,
         }
         self.client.set(LEARNER_STATUS, json.dumps(status))
+
+
+def _health(telemetry: LearnerTelemetry) -> tuple[int, bytes]:
+    """503 when the champion cannot load (serving is broken whatever the learner does),
+    `degraded` with the last error, else ok."""
+    if telemetry.champion_problem is not None:
+        status, code = "unhealthy", 503
+    else:
+        status, code = ("ok", 200) if telemetry.error is None else ("degraded", 200)
+    body = {
+        "status": status,
+        "last_error": telemetry.error,
+        "champion_problem": telemetry.champion_problem,
+    }
+    return code, json.dumps(body).encode()
 
 
 def serve_metrics(telemetry: LearnerTelemetry, host: str, port: int) -> ThreadingHTTPServer:
@@ -177,9 +199,7 @@ def serve_metrics(telemetry: LearnerTelemetry, host: str, port: int) -> Threadin
             if self.path.split("?")[0] == "/metrics":
                 self._send(200, telemetry.metrics.render(), CONTENT_TYPE_LATEST)
             elif self.path.split("?")[0] == "/healthz":
-                ok = telemetry.error is None
-                body = {"status": "ok" if ok else "degraded", "last_error": telemetry.error}
-                self._send(200, json.dumps(body).encode(), "application/json")
+                self._send(*_health(telemetry), "application/json")
             else:
                 self._send(
                     404, b'{"detail": "not found: /metrics or /healthz"}', "application/json"

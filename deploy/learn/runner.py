@@ -26,6 +26,8 @@ from agents.packs import PackNotFound, get_pack
 from agents.packs.base import Pack
 from agents.policy_client import Generation
 from deploy.embedded_redis import RedisUnavailable, ensure_redis
+from deploy.learn import integrity
+from deploy.learn.lease import LearnerLease, LeaseHeld, holder_name
 from deploy.learn.metrics import LearnerTelemetry, serve_metrics
 from deploy.learn.settings import LearnerSettings
 from learner.labels import Grounding
@@ -148,9 +150,10 @@ class Learner:
         self.s = settings
         self.console = console or Console()
         self.redis_url = ensure_redis(settings.redis_url, settings.data_dir)
-        self.redis = redis.Redis.from_url(self.redis_url)
+        self.redis = redis.Redis.from_url(self.redis_url, **settings.redis_options(self.redis_url))
         self.store = Store(Path(settings.data_dir) / "learner" / "store.db")
-        self.registry = PolicyRegistry(self.redis)
+        self.registry = PolicyRegistry(self.redis)  # fenced by the lease once it is taken
+        self.lease = LearnerLease(self.redis, holder_name(settings.consumer), settings.lease_s)
         self.source = TrajectorySource(
             self.redis,
             self.store,
@@ -162,6 +165,7 @@ class Learner:
         )
         self.plan = round_plan(settings)
         self.telemetry = LearnerTelemetry(self.redis, settings.consumer, settings.status_interval_s)
+        self.telemetry.check_champion = self.champion_problem
         self.release = None
         if settings.eval_packs:
             from deploy.learn.release_control import ReleaseControl
@@ -180,8 +184,11 @@ class Learner:
         self._last_round = self._last_trim = time.monotonic()
         self._retry_at = 0.0  # after a failed round, wait before the next try
 
-    def start(self) -> None:
-        """Groups, the base version, and recovery of a publish a crash interrupted."""
+    def start(self, once: bool = False) -> bool:
+        """The lease, groups, the base version, a rewound registry reconciled, and recovery of
+        a publish a crash interrupted; False when stopped while waiting for the lease."""
+        if not self._take_lease(wait=not once):
+            return False
         self.source.ensure_groups()
         base = self.registry.ensure_base(self.s.base_model)
         if base.base_model != self.s.base_model:
@@ -194,6 +201,7 @@ class Learner:
             f"learning from redis {where.get('host')}:{where.get('port')} as {self.s.consumer} "
             f"(base {self.s.base_model}, data {self.s.data_dir})"
         )
+        self._reconcile()
         rec = recover(
             self.store,
             self.registry,
@@ -213,11 +221,21 @@ class Learner:
                 f"eval gate: {self.release.gate.suite.name} against "
                 f"{self.s.policy_api_base}; canary {'on' if self.s.canary.enabled else 'off'}"
             )
+        return True
 
     def run(self, once: bool = False) -> int:
         """The loop; returns the process exit code."""
-        self.start()
-        with _stop_on_signals(self.stopping), self._display() as live:
+        with _stop_on_signals(self.stopping):
+            try:
+                if not self.start(once):
+                    self.console.print("learner stopped while waiting for the lease")
+                    return 0
+                return self._loop(once)
+            finally:
+                self.lease.release()
+
+    def _loop(self, once: bool) -> int:
+        with self._display() as live:
             while not self.stopping.is_set():
                 caught_up = self.poll()
                 if self.release is not None and not once:
@@ -231,7 +249,48 @@ class Learner:
                 if live is not None:
                     self._refresh(live)
         self.console.print("learner stopped")
-        return 0
+        return 0 if not self.lease_lost else 1
+
+    # -- one learner at a time, and a registry that went back ------------------------------
+
+    lease_lost = False
+
+    def _take_lease(self, wait: bool) -> bool:
+        """Hold the lease (waiting for it, or LearnerConfigError when not `wait`)."""
+        try:
+            taken = integrity.take_lease(
+                self.lease, self.registry, self.stopping, self.console.print, wait, self.s.lease_s
+            )
+        except LeaseHeld as exc:
+            raise LearnerConfigError(
+                f"{exc}. Stop it first, or run `arloop learn` without --once to take over "
+                "when its lease ends"
+            ) from None
+        if taken:
+            self.lease.keep(self._lost_lease)
+        return taken
+
+    def _lost_lease(self, reason: str) -> None:
+        self.lease_lost = True
+        self.last_error = f"lost the learner lease: {reason}; stopping, nothing more published"
+        self.console.print(f"[red]{self.last_error}[/]")
+        log.error(self.last_error)
+        self.stopping.set()
+
+    def _reconcile(self) -> None:
+        """A registry that lost versions this learner registered: said, and undone here."""
+        said = integrity.reconcile_rewind(
+            self.store, self.registry, self.plan.checkpoints_dir, self.s.consumer
+        )
+        if said is not None:
+            self.last_error = said[0]
+            for line in said:
+                self.console.print(f"[red]{line}[/]")
+            log.error(said[0])
+
+    def champion_problem(self) -> str | None:
+        """Why the champion cannot load (for /healthz), or None."""
+        return integrity.champion_problem(self.registry)
 
     # -- the steps -------------------------------------------------------------------------
 
@@ -267,6 +326,7 @@ class Learner:
         """One round; errors are reported and the loop goes on (the events stay trainable)."""
         self._last_round = time.monotonic()
         try:
+            self._reconcile()  # Redis may have been rewound since the last round
             result = run_round(
                 self.store,
                 self.registry,
@@ -390,6 +450,10 @@ def main(once: bool = False) -> int:
     from learner.policy.models import ModelNotFound
 
     console = Console(soft_wrap=True)  # one line per round, also in a log file
+    refusal = integrity.not_rank_zero()
+    if refusal is not None:  # under torchrun/accelerate: rank 0 learns alone
+        console.print(f"[yellow]arloop learn:[/] {refusal}")
+        return 0
     try:
         settings = LearnerSettings()
         setup_logging("learner", settings.log_level, settings.log_format)

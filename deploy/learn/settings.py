@@ -57,6 +57,9 @@ class LearnerSettings(ModelSettings, PolicyEndpointSettings):
 
     consumer: str = "learner-1"
     """This learner's name in the streams' consumer group (and the actor of what it publishes)."""
+    lease_s: float = Field(30.0, ge=2.0)
+    """How long the learner's lease lasts unrenewed (it renews every third): one learner at a
+    time; another waits, and takes over this long after the holder stopped renewing."""
     min_episodes: int = Field(32, ge=1)
     """Start a round when this many trainable episodes are waiting."""
     round_interval_s: float = 600.0

@@ -278,7 +278,12 @@ def gate_runner(
         except PackNotFound as exc:
             raise SuiteMissing(str(exc)) from exc
     runs = EvalRuns(
-        redis_url, s.policy_config(), s.eval_concurrency, s.gate.solved_at, progress=progress
+        redis_url,
+        s.policy_config(),
+        s.eval_concurrency,
+        s.gate.solved_at,
+        progress=progress,
+        redis_options=s.redis_options(redis_url, asyncio=True),
     )
     suite = Suite(list(packs), runs, s.sampling_temperature())
     return GateRunner(

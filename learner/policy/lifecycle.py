@@ -99,6 +99,18 @@ class UnknownVersion(KeyError):
     """No such version or alias in the registry."""
 
 
+class Fenced(ReleaseError):
+    """This writer's lease is gone (another learner holds it): it may write nothing."""
+
+
+@dataclass(frozen=True)
+class Fence:
+    """A learner's lease as registry writes check it: `key` must still hold `value`."""
+
+    key: str
+    value: str
+
+
 @dataclass
 class PolicyVersion:
     version: str
@@ -141,13 +153,18 @@ class StatusChange(NamedTuple):
 
 
 # One write of the registry: checks first (a refused write writes nothing), then the writes.
-# KEYS: 1 aliases hash, 2 events stream, 3 versions sorted set, 4.. the versions' hashes.
-# ARGV: 1 the write as JSON (PolicyRegistry._apply), 2 the rules as JSON (TRANSITIONS,
-# ALIAS_STATUS), 3 the channel. Returns {'ok'} or the refusal: {'exists'|'conflict'|'unknown'|
-# 'illegal'|'disagree'|'unnamed', ...}.
+# KEYS: 1 aliases hash, 2 events stream, 3 versions sorted set, 4.. the versions' hashes, then
+# the fence's key when the writer holds a lease. ARGV: 1 the write as JSON
+# (PolicyRegistry._apply), 2 the rules as JSON (TRANSITIONS, ALIAS_STATUS), 3 the channel.
+# Returns {'ok'} or the refusal: {'fenced'|'exists'|'conflict'|'unknown'|'illegal'|'disagree'|
+# 'unnamed', ...}.
 WRITE_SCRIPT = """
 local w = cjson.decode(ARGV[1])
 local rules = cjson.decode(ARGV[2])
+if w.fence then
+  local holder = redis.call('GET', KEYS[w.fence.key])
+  if holder ~= w.fence.value then return {'fenced', holder or ''} end
+end
 local status = {}  -- version -> its status after this write (false: no such version)
 local function final(version)
   if status[version] == nil then
@@ -274,6 +291,12 @@ def check_reply(outcome: str, *detail: str) -> bool:
         return True
     if outcome == "exists":
         return False
+    if outcome == "fenced":
+        holder = detail[0].split("|", 1)[-1] if detail and detail[0] else "nobody"
+        raise Fenced(
+            f"this learner's lease is gone (now held by {holder}): it writes nothing to the "
+            "registry; the round's events stay trainable for the learner that holds it"
+        )
     if outcome == "conflict":
         alias, current, expect = detail
         raise AliasConflict(

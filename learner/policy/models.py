@@ -174,6 +174,37 @@ def load_version(
     return model.to(device).eval(), tokenizer
 
 
+REQUIRED_FILES = {
+    "lora": ("adapter_config.json", "adapter_model.safetensors"),
+    "full": ("config.json",),
+}
+"""The files a checkpoint of each kind cannot load without."""
+
+
+def checkpoint_problem(record: PolicyVersion) -> str | None:
+    """Why `record` cannot load, from what a look at the registry and the disk shows (no
+    loading): broken, an unknown kind or URI, a missing folder or file; None when it looks whole."""
+    if record.status == "broken":
+        return f"{record.version} is marked broken: {record.error}"
+    uri = record.checkpoint_uri
+    if uri.startswith("base:"):
+        return None
+    try:
+        folder = checkpoint_path(uri)
+    except CheckpointError as exc:
+        return str(exc)
+    if record.checkpoint_kind not in REQUIRED_FILES:
+        return f"{record.version}: unknown checkpoint kind {record.checkpoint_kind!r}"
+    if not folder.is_dir():
+        return f"checkpoint folder {folder} of {record.version} does not exist"
+    missing = [n for n in REQUIRED_FILES[record.checkpoint_kind] if not (folder / n).is_file()]
+    if record.checkpoint_kind == "full" and not any(folder.glob("*.safetensors")):
+        missing.append("*.safetensors")
+    if missing:
+        return f"checkpoint folder {folder} of {record.version} has no {', '.join(missing)}"
+    return None
+
+
 def _require(folder: Path, *names: str) -> None:
     for name in names:
         if not (folder / name).is_file():

@@ -43,6 +43,8 @@ from learner.policy.lifecycle import (
     TRANSITIONS,
     WRITE_SCRIPT,
     AliasConflict,
+    Fence,
+    Fenced,
     IllegalTransition,
     Move,
     PolicyVersion,
@@ -63,6 +65,8 @@ __all__ = [  # the lifecycle's names, importable from here as before the split
     "CHAMPION",
     "TRANSITIONS",
     "AliasConflict",
+    "Fence",
+    "Fenced",
     "IllegalTransition",
     "PolicyRegistry",
     "PolicyVersion",
@@ -77,15 +81,33 @@ __all__ = [  # the lifecycle's names, importable from here as before the split
 class PolicyRegistry:
     """Reads of the registry, and its writes: each lifecycle move one atomic script."""
 
-    def __init__(self, client: redis.Redis) -> None:
+    def __init__(self, client: redis.Redis, fence: Fence | None = None) -> None:
         self.r = client
+        self.fence = fence
+        """A learner's lease: every write checks it, in the same script (None: unfenced,
+        as an operator's CLI or a policy server writes)."""
         self._write = client.register_script(WRITE_SCRIPT)
+
+    def check_fence(self) -> None:
+        """Fenced when this registry's lease is gone (checked again by every write)."""
+        if self.fence is not None:
+            holder = self.r.get(self.fence.key)
+            if (holder.decode() if holder else None) != self.fence.value:
+                check_reply("fenced", holder.decode() if holder else "")
 
     def _key(self, version: str) -> str:
         return policy_version_key(version)
 
     def next_version(self) -> str:
         return version_name(self.r.incr(f"{POLICY_PREFIX}:seq"))
+
+    def counter(self) -> int:
+        """The number behind the last version name handed out (0: none yet)."""
+        return int(self.r.get(f"{POLICY_PREFIX}:seq") or 0)
+
+    def names(self) -> set[str]:
+        """Every version in the registry, by name (no records read)."""
+        return {v.decode() for v in self.r.zrange(POLICY_VERSIONS, 0, -1)}
 
     # -- reads -----------------------------------------------------------------------------
 
@@ -209,6 +231,10 @@ class PolicyRegistry:
         """Any -> BROKEN: its checkpoint failed to load; aliases stay (serving keeps what it has)."""
         self._apply(statuses=[StatusChange(version, VersionStatus.BROKEN, error)])
 
+    def record(self, *events: Any) -> None:
+        """Events on the policy stream that move nothing (fenced like every write)."""
+        self._apply(events=events)
+
     def attach_report(self, version: str, report: dict[str, Any]) -> None:
         self.r.hset(self._key(version), "report", json.dumps(report))
 
@@ -225,10 +251,11 @@ class PolicyRegistry:
         names += [create.version] if create else []
         keys = {v: i + 4 for i, v in enumerate(dict.fromkeys(names))}  # KEYS[4..] in Lua
         write = write_spec(keys, create, aliases, statuses, events)
-        reply = self._write(
-            keys=[POLICY_ALIASES, STREAM_POLICY, POLICY_VERSIONS] + [self._key(v) for v in keys],
-            args=[json.dumps(write), RULES, POLICY_CHANNEL],
-        )
+        all_keys = [POLICY_ALIASES, STREAM_POLICY, POLICY_VERSIONS] + [self._key(v) for v in keys]
+        if self.fence is not None:
+            all_keys.append(self.fence.key)
+            write["fence"] = {"key": len(all_keys), "value": self.fence.value}
+        reply = self._write(keys=all_keys, args=[json.dumps(write), RULES, POLICY_CHANNEL])
         return check_reply(*[x.decode() if isinstance(x, bytes) else x for x in reply])
 
 

@@ -123,6 +123,10 @@ def test_serve_refuses_bad_settings_and_pack_names_with_a_message(arloop):
     assert cooking.exit_code == 2 and "unknown agent pack 'cooking'" in cooking.output
     assert "fix ARLOOP_PACKS" in cooking.output and "Traceback" not in cooking.output
     production = arloop("serve", "agents", ARLOOP_ENV="production")
-    assert production.exit_code == 2 and "ARLOOP_SECRET_KEY must be set" in production.output
+    assert production.exit_code == 2 and "ARLOOP_REDIS_URL has no credentials" in production.output
+    secured = arloop(
+        "serve", "agents", ARLOOP_ENV="production", ARLOOP_REDIS_PASSWORD="p" + "x9Y2z" * 8
+    )
+    assert secured.exit_code == 2 and "ARLOOP_SECRET_KEY is too weak" in secured.output
     stale = arloop("learn", "--once", ARLOOP_GUARD_MAX_KL="0.3")
     assert stale.exit_code == 2 and "set ARLOOP_GUARDS__MAX_KL" in stale.output

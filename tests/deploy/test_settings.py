@@ -100,20 +100,69 @@ def test_the_policy_endpoint_is_declared_once_for_both_processes(clean_env):
     assert learner.policy_config().temperature == 0.0  # eval runs: greedy, the learner's knob
 
 
-def test_production_refuses_the_default_secret_and_the_development_key(clean_env):
+STRONG_KEY = "qV3x-9ZpLw2T_kR7mNa4Bc8YdE1fGh6J"  # 32 characters, ~150 bits by the estimate
+STRONG_SECRET = "p8Kq2_Zr7Lx-Wm4Nv9Bt3Yc6Hd1Jf5Gs0Ae"
+PRODUCTION = {
+    "redis_url": f"rediss://arloop-agents:{STRONG_SECRET}@redis.internal:6379/0",
+    "secret_key": STRONG_SECRET,
+    "api_keys": [STRONG_KEY],
+}
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"redis_url": None}, "ARLOOP_REDIS_URL must be set in production"),
+        ({"redis_url": "redis://10.0.0.5:6379/0"}, "has no credentials"),
+        ({"secret_key": DEV_SECRET}, "ARLOOP_SECRET_KEY is too weak.*development value"),
+        ({"secret_key": "short"}, "ARLOOP_SECRET_KEY is too weak.*fewer than 32"),
+        ({"secret_key": "a" * 64}, "ARLOOP_SECRET_KEY is too weak.*0 bits of entropy"),
+        ({"api_keys": []}, "ARLOOP_API_KEYS is empty"),
+        ({"api_keys": ["a"]}, "too weak for production.*fewer than 24"),
+        ({"api_keys": ["dev-key"]}, "development key"),
+        ({"api_keys": ["ab" * 16]}, "bits of entropy, fewer than 96"),
+        (
+            {"api_keys": [{"key": STRONG_KEY, "name": "web", "identity": "signed"}]},
+            "ARLOOP_USER_TOKEN_SECRET is unset",
+        ),
+        (
+            {"api_keys": [{"key": STRONG_KEY, "name": "web", "identity": "user"}]},
+            "`user` is set exactly when identity is 'user'",
+        ),
+    ],
+)
+def test_production_refuses_weak_values_naming_the_fix(clean_env, overrides, message):
     clean_env.setenv("ARLOOP_ENV", "production")
-    with pytest.raises(ValidationError, match="ARLOOP_SECRET_KEY must be set") as secret:
-        AgentApiSettings(_env_file=None, api_keys=["k" * 32])
-    assert "secrets.token_hex(32)" in str(secret.value)  # the fix, spelled out
-    with pytest.raises(ValidationError, match="ARLOOP_SECRET_KEY must be set"):
-        AgentApiSettings(_env_file=None, secret_key="short", api_keys=["k" * 32])
-    with pytest.raises(ValidationError, match="ARLOOP_API_KEYS still holds the development key"):
-        AgentApiSettings(_env_file=None, secret_key=SECRET)
-    ok = AgentApiSettings(_env_file=None, secret_key=SECRET, api_keys=["k" * 32])
-    assert ok.env == "production"
-    clean_env.delenv("ARLOOP_ENV")
-    dev = AgentApiSettings(_env_file=None)  # development keeps working out of the box
-    assert dev.secret_key == DEV_SECRET and dev.api_keys == ["dev-key"]
+    with pytest.raises(ValidationError, match=message) as caught:
+        AgentApiSettings(_env_file=None, **(PRODUCTION | overrides))
+    fixes = ("token_urlsafe", "redis://<user>:<password>@", "rediss://", "give each client")
+    assert any(fix in str(caught.value) for fix in fixes) or "identity" in message
+
+
+def test_production_accepts_strong_values_and_warns_on_every_interface(clean_env, caplog):
+    clean_env.setenv("ARLOOP_ENV", "production")
+    ok = AgentApiSettings(_env_file=None, **PRODUCTION)
+    assert ok.env == "production" and caplog.records == []
+    AgentApiSettings(_env_file=None, host="0.0.0.0", **PRODUCTION)
+    assert "listening on every interface" in caplog.text
+    with pytest.raises(ValidationError, match="has no credentials"):  # every process
+        LearnerSettings(_env_file=None, redis_url="redis://10.0.0.5:6379/0")
+    learner = LearnerSettings(
+        _env_file=None, redis_url="redis://10.0.0.5:6379/0", redis_password=STRONG_SECRET
+    )
+    assert learner.redis_options(learner.redis_url)["password"] == STRONG_SECRET
+
+
+def test_development_keeps_working_out_of_the_box(clean_env):
+    dev = AgentApiSettings(_env_file=None)
+    assert dev.secret_key == DEV_SECRET
+    assert [k.key.get_secret_value() for k in dev.api_keys] == ["dev-key"]
+    assert dev.api_keys[0].identity == "any" and dev.api_keys[0].name.startswith("key-")
+
+
+def test_a_token_ttl_beyond_the_longest_life_is_refused(clean_env):
+    with pytest.raises(ValidationError, match="feedback_token_ttl_s"):
+        AgentApiSettings(_env_file=None, feedback_token_ttl_s=10**12)
 
 
 @pytest.mark.parametrize(

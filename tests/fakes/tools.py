@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import os
 
 from pydantic import BaseModel
 
-from tools.base import Tool
+from tools.base import CpuTool, Tool
 
 
 class AddArgs(BaseModel):
@@ -76,3 +77,81 @@ class ExpectVerifier(Tool):
         if self.expected in args.answer:
             return "PASS"
         return f"FAIL: expected {self.expected}"
+
+
+class Spin(CpuTool):
+    """Computes forever: only a timeout that kills its worker stops it."""
+
+    name = "spin"
+    description = "Spins."
+    Args = NoArgs
+    timeout_s = 1.0
+
+    @staticmethod
+    def compute(args: NoArgs) -> str:
+        while True:
+            pass
+
+
+class Hog(CpuTool):
+    """Asks for 4 GiB: the worker's address-space cap refuses it."""
+
+    name = "hog"
+    description = "Allocates."
+    Args = NoArgs
+
+    @staticmethod
+    def compute(args: NoArgs) -> str:
+        return str(len(bytearray(4 << 30)))
+
+
+class Recurse(CpuTool):
+    """Recurses without end: a RecursionError in the worker."""
+
+    name = "recurse"
+    description = "Recurses."
+    Args = NoArgs
+
+    @staticmethod
+    def compute(args: NoArgs) -> str:
+        def down(n: int) -> int:
+            return down(n + 1)
+
+        return str(down(0))
+
+
+class FlagArgs(BaseModel):
+    path: str
+
+
+class SpinUntil(CpuTool):
+    """Computes without yielding until a file exists: proof of what ran while it did."""
+
+    name = "spin_until"
+    description = "Spins until a file appears."
+    Args = FlagArgs
+    timeout_s = 120.0
+
+    @staticmethod
+    def compute(args: FlagArgs) -> str:
+        while not os.path.exists(args.path):
+            pass
+        return "released"
+
+
+class PageArgs(BaseModel):
+    page: str
+
+
+class FetchPage(Tool):
+    """Returns a page from `pages` (a test plants instructions in them)."""
+
+    name = "fetch_page"
+    description = "Fetch a page by name."
+    Args = PageArgs
+
+    def __init__(self, pages: dict[str, str]) -> None:
+        self.pages = pages
+
+    async def run(self, args: PageArgs) -> str:
+        return self.pages.get(args.page, "no such page")

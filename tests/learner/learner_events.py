@@ -116,6 +116,7 @@ def feedback(
     turn: int | None = None,
     created_at: float | None = None,
     source: str = "user",
+    credential: str | None = None,
 ) -> FeedbackEvent:
     return FeedbackEvent(
         event_id=new_id("fb"),
@@ -128,6 +129,7 @@ def feedback(
         turn=turn,
         source=source,
         created_at=time.time() if created_at is None else created_at,
+        credential=credential,
     )
 
 

@@ -161,7 +161,10 @@ def test_sigterm_stops_the_learner_cleanly(redis_url, redis_client, tmp_path):
         stderr=subprocess.STDOUT,
     )
     try:
-        assert "learning from" in proc.stdout.readline()
+        lines = []
+        while not any("learning from" in line for line in lines) and len(lines) < 10:
+            lines.append(proc.stdout.readline())  # the metrics port and the lease come first
+        assert any("learning from" in line for line in lines), lines
         time.sleep(0.5)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0

@@ -123,6 +123,29 @@ def test_a_poisoner_is_capped_like_for_rewards():
     assert {lb.answer for lb in uncapped.values()} == {"99"}  # the cap is what stops them
 
 
+def test_one_key_posing_as_many_users_is_capped_as_one_sender():
+    """The poisoner of the test above, now as 30 fresh user ids behind one API key: each id
+    is a small sender, so only the per-credential cap stops them."""
+    prompts = [f"What is {k} plus 1?" for k in range(10)]
+    honest = [
+        _run(f"#### {k + 1}", up(f"u{k}{side}"), prompt=p)
+        for k, p in enumerate(prompts)
+        for side in "ab"
+    ]
+    poison = []
+    for n, p in enumerate(prompts * 3):
+        t = trajectory(p, "#### 0", user=f"fake{n}")
+        said = feedback(t.event_id, "correction", None, user=f"fake{n}", text="it is 99")
+        poison.append(Episode(t, (said.model_copy(update={"credential": "bot"}),)))
+    anonymous = [
+        Episode(e.trajectory, tuple(f.model_copy(update={"credential": None}) for f in e.feedback))
+        for e in poison
+    ]
+    assert {lb.answer for lb in find_labels(honest + anonymous, TUTOR).values()} == {"99"}
+    labels = find_labels(honest + poison, TUTOR, max_user_share=0.2)
+    assert sorted(int(lb.answer) for lb in labels.values()) == list(range(1, 11))
+
+
 def test_runs_of_agents_without_a_grounding_get_no_label():
     t = trajectory(QUESTION, "#### 42").model_copy(update={"agent": "other"})
     assert find_labels([Episode(t, (feedback(t.event_id),))], TUTOR) == {}

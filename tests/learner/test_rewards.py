@@ -68,6 +68,25 @@ def test_a_poisoner_is_capped_but_a_verifier_is_not():
     assert {r.reward for r in out[10:]} == {-1.0}
 
 
+def test_one_key_posing_as_many_users_is_capped_as_one_sender():
+    """130 users of one API key, one thumbs-down each: under the per-user cap alone each is
+    a small sender and the key owns 130 of 134 units of mass; capped per credential it holds
+    half, like any one user."""
+    sybil = [
+        [feedback(f"s{i}", "thumbs", -1, user=f"fake{i}", credential="bot")] for i in range(130)
+    ]
+    honest = [
+        [feedback(f"h{i}", "thumbs", 1, user=f"u{i}", credential=f"app{i}")] for i in range(4)
+    ]
+    capped = batch_rewards(sybil + honest, [[0]] * 134, max_user_share=0.5, silence_reward=None)
+    mass = sum(-r.reward for r in capped[:130])
+    assert mass == pytest.approx(4.0)  # half of the scaled total 8: no more than one sender
+    assert [r.reward for r in capped[130:]] == [1.0] * 4
+    no_key = [[f.model_copy(update={"credential": None}) for f in fb] for fb in sybil]
+    uncapped = batch_rewards(no_key + honest, [[0]] * 134, max_user_share=0.5, silence_reward=None)
+    assert sum(-r.reward for r in uncapped[:130]) == pytest.approx(130.0)  # the defect, shown
+
+
 def test_per_turn_rewards_fall_back_to_the_whole_run():
     fb = [feedback("t", "thumbs", 1), feedback("t", "rating", 1, user="u2", turn=2)]
     [r] = batch_rewards([fb], [[0, 2]], 1.0, None)

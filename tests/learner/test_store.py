@@ -82,3 +82,20 @@ def test_orphan_feedback_reports_whether_its_trajectory_is_known(store):
 def test_chunks_are_consecutive_slices_of_at_most_size():
     assert list(chunks([1, 2, 3, 4, 5], 2)) == [[1, 2], [3, 4], [5]]
     assert list(chunks([1, 2], 0)) == [[1], [2]] and list(chunks([], 3)) == []
+
+
+def test_forgetting_a_lost_version_reopens_its_events_and_only_those(store):
+    """What a rewound registry needs: v2's rows and ledger go, its events train again."""
+    runs = [trajectory(with_ids=False) for _ in range(3)]
+    store.add_events(runs)
+    store.commit_version(_version("v1"), [runs[0].event_id])
+    store.commit_version(_version("v2", "v1"), [runs[1].event_id])
+    store.settle([runs[2].event_id], "silent")
+    assert store.forget_versions(["v2"]) == [runs[1].event_id]
+    assert store.ledger() == {runs[0].event_id: "v1"}
+    assert [c.version for c in store.committed_versions()] == ["v1"]
+    assert store.counts() == {
+        "trajectories/trained": 1,
+        "trajectories/open": 1,
+        "trajectories/silent": 1,  # let go for its own reason: stays let go
+    }

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 import pytest
 
 from tools import Calculator, ToolError
@@ -102,11 +104,36 @@ def test_functions(expression, expected):
         ("round(1, x=2)", "positional"),
         ("=", "empty expression"),
         ("(" * 300 + "1" + ")" * 300, "nested"),
+        # literals whose value is refused before it is built (1e9999999 took 7.8 s to build)
+        ("1e9999999", "out of range"),
+        ("1e-9999999", "out of range"),
+        ("1_0e99_999_999", "out of range"),
+        ("0.000001e6002 + 1", "out of range"),
+        ("1e6001", "out of range"),
     ],
 )
 def test_clear_errors(expression, message):
     with pytest.raises(ToolError, match=message.replace("(", r"\(").replace("*", r"\*")):
         calculate(expression)
+
+
+@pytest.mark.parametrize(
+    "expression, expected",
+    [("1e5999 / 1e5998", "10"), ("1e-5999 * 1e5999", "1"), ("2.5e3", "2500")],
+)
+def test_literals_within_range_stay_exact(expression, expected):
+    assert calculate(expression) == expected
+
+
+def test_literals_are_bounded_before_they_are_built(monkeypatch):
+    """The bound is read off the literal's text: the number is never built (no `10**exp`)."""
+    import tools.calculator as calc
+
+    built: list[str] = []
+    monkeypatch.setattr(calc, "Fraction", lambda text: built.append(text) or Fraction(text))
+    with pytest.raises(ToolError, match="out of range"):
+        calculate("1e29999999")
+    assert built == []
 
 
 async def test_tool_interface():

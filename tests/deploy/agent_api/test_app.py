@@ -12,8 +12,9 @@ import httpx
 from agents.events import STREAM_FEEDBACK, STREAM_TRAJECTORIES, FeedbackEvent, decode
 from agents.feedback_intake import feedback_event_id
 from agents.feedback_tokens import verify
+from deploy.credentials import plain_key
 from deploy.embedded_redis import free_port
-from tests.fakes.api import SECRET
+from tests.fakes.api import API_KEY, SECRET
 from tests.fakes.scripted_llm import Reply
 
 
@@ -65,7 +66,8 @@ def test_run_lands_in_redis_exactly_and_feedback_follows(start_api, llm, redis_c
         "u1",
         "tutor",
     )
-    assert event.metadata == {"task_id": "sum-1"}
+    credential = plain_key(API_KEY)["name"]  # the API key that started it, by name
+    assert event.metadata == {"task_id": "sum-1", "arloop.credential": credential}
     assert [s.messages for s in event.model_steps] == [r["messages"] for r in llm.requests]
     assert [s.completion_token_ids for s in event.model_steps] == [
         r["choices"][0]["token_ids"] for r in llm.responses
@@ -105,6 +107,7 @@ def test_run_lands_in_redis_exactly_and_feedback_follows(start_api, llm, redis_c
     assert fix.status_code == 202
     thumbs, correction = stream(redis_client, STREAM_FEEDBACK)
     assert isinstance(thumbs, FeedbackEvent) and thumbs.value == 1 and thumbs.user_id == "u1"
+    assert thumbs.credential == credential
     assert thumbs.policy_version == "v4" and thumbs.event_id == up.json()["event_id"]
     assert (correction.kind.value, correction.text, correction.turn) == (
         "correction",
@@ -138,7 +141,11 @@ def test_reflexion_run_through_the_api(start_api, llm, redis_client):
     body = start_api().run("2+3?", agent="solver").json()
     assert body["output"] == "5" and body["status"] == "ok"
     [event] = stream(redis_client, STREAM_TRAJECTORIES)
-    assert event.metadata == {"arloop.verdict": "pass", "arloop.attempts": "2"}
+    assert event.metadata == {
+        "arloop.verdict": "pass",
+        "arloop.attempts": "2",
+        "arloop.credential": plain_key(API_KEY)["name"],
+    }
     assert [s.name for s in event.tool_steps] == ["expect", "expect"]
 
 

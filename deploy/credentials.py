@@ -1,0 +1,130 @@
+"""Who may call the agent API, and as whom: API keys bound to a tenant and an identity, the
+signed user tokens an upstream app issues, and the strength a production secret needs.
+
+A key's `identity` says where the acting user comes from:
+- `any`: the request's `user_id`, as the client says (a backend that authenticates its own
+  users; the per-credential rate limit and reward cap bound what one key can do);
+- `user`: always the key's `user` (one person's key); another `user_id` is refused (403);
+- `signed`: the `X-Arloop-User` header, `<user>.<expires>.<mac>` signed with
+  `ARLOOP_USER_TOKEN_SECRET` by the app that logged the user in (`sign_user_token`);
+- `header`: the gateway's header (`ARLOOP_USER_HEADER`) names the user; the key is the
+  gateway's own, so only the gateway can send it.
+Users of a tenant other than `default` are namespaced (`acme:u1`), so two tenants' `u1` never
+share a thread, a memory or a rate window.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import math
+import time
+from collections import Counter
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+
+NAME = r"^[A-Za-z0-9_-]{1,64}$"
+USER = r"^[A-Za-z0-9_.@+-]{1,128}$"
+KEY_MIN_CHARS, KEY_MIN_BITS = 24, 96
+SECRET_MIN_CHARS, SECRET_MIN_BITS = 32, 128
+HOW_TO_MAKE_ONE = "python -c 'import secrets; print(secrets.token_urlsafe(32))'"
+
+
+class Identity(StrEnum):
+    """Where a key's acting user comes from (see the module docstring)."""
+
+    ANY = "any"
+    USER = "user"
+    SIGNED = "signed"
+    HEADER = "header"
+
+
+class ApiKey(BaseModel):
+    """One client credential of the agent API."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    key: SecretStr
+    """The bearer token the client sends."""
+    name: str = Field(pattern=NAME)
+    """The credential's name: on logs, metrics and the events it writes (never the key)."""
+    tenant: str = Field("default", pattern=NAME)
+    """Its tenant; users of a tenant other than `default` are namespaced `tenant:user`."""
+    identity: Identity = Identity.ANY
+    """Where the acting user comes from: any, user, signed or header."""
+    user: str | None = Field(None, pattern=USER)
+    """The one user a key of identity `user` acts as."""
+    rate_per_minute: int | None = Field(None, ge=1)
+    """Runs (and, apart, feedback) this key may send per minute, all its users together;
+    unset: ARLOOP_KEY_RATE_PER_MINUTE."""
+
+    @model_validator(mode="after")
+    def _user_iff_fixed(self) -> ApiKey:
+        if (self.identity is Identity.USER) != (self.user is not None):
+            raise ValueError(
+                f"API key {self.name!r}: `user` is set exactly when identity is 'user' "
+                "(the one user the key acts as)"
+            )
+        return self
+
+    def scoped(self, user: str) -> str:
+        """The user id arloop stores: `user` in the default tenant, `tenant:user` otherwise."""
+        return user if self.tenant == "default" else f"{self.tenant}:{user}"
+
+
+def plain_key(key: str) -> dict[str, str]:
+    """A bare string in ARLOOP_API_KEYS: identity `any`, named by a digest of the key."""
+    return {"key": key, "name": "key-" + hashlib.sha256(key.encode()).hexdigest()[:8]}
+
+
+def entropy_bits(value: str) -> float:
+    """A cautious strength estimate: length times the empirical entropy of its characters
+    (`"a" * 32` has 0 bits; a `secrets.token_urlsafe(32)` about 190)."""
+    if not value:
+        return 0.0
+    counts = Counter(value)
+    per_char = -sum(n / len(value) * math.log2(n / len(value)) for n in counts.values())
+    return per_char * len(value)
+
+
+def weakness(value: str, min_chars: int, min_bits: int) -> str | None:
+    """Why `value` is too weak a secret, or None when it is strong enough."""
+    if len(value) < min_chars:
+        return f"it has {len(value)} characters, fewer than {min_chars}"
+    bits = entropy_bits(value)
+    if bits < min_bits:
+        return f"it carries about {bits:.0f} bits of entropy, fewer than {min_bits}"
+    return None
+
+
+# -- signed user tokens (identity `signed`) -------------------------------------------------
+
+
+class UserTokenError(ValueError):
+    """A user token that cannot be accepted; the message says why."""
+
+
+def sign_user_token(secret: str, user: str, ttl_s: int = 3600, now: float | None = None) -> str:
+    """`<user>.<expires>.<mac>`: what an upstream app sends as `X-Arloop-User` for a user it
+    has authenticated (HMAC-SHA256 with ARLOOP_USER_TOKEN_SECRET, valid `ttl_s` seconds)."""
+    expires = int((time.time() if now is None else now) + ttl_s)
+    return f"{user}.{expires}.{_mac(secret, f'{user}.{expires}')}"
+
+
+def verify_user_token(secret: str, token: str, now: float | None = None) -> str:
+    """The user a genuine, unexpired token names; UserTokenError otherwise."""
+    user, expires, mac = (token.rsplit(".", 2) + ["", ""])[:3]
+    if not (user and expires.isdigit() and mac):
+        raise UserTokenError("is not <user>.<expires>.<mac>")
+    if not hmac.compare_digest(mac, _mac(secret, f"{user}.{expires}")):
+        raise UserTokenError("is not signed with ARLOOP_USER_TOKEN_SECRET")
+    if int(expires) < (time.time() if now is None else now):
+        raise UserTokenError("has expired")
+    return user
+
+
+def _mac(secret: str, payload: str) -> str:
+    digest = hmac.new(secret.encode(), payload.encode(), hashlib.sha256).digest()
+    return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
