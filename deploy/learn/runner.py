@@ -9,7 +9,6 @@ abandoned (its episodes stay trainable), so stopping never loses or doubles anyt
 from __future__ import annotations
 
 import logging
-import math
 import signal
 import sqlite3
 import threading
@@ -22,125 +21,20 @@ from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
-from agents.packs import PackNotFound, get_pack
-from agents.packs.base import Pack
-from agents.policy_client import Generation
 from deploy.embedded_redis import RedisUnavailable, ensure_redis
 from deploy.learn import integrity
 from deploy.learn.lease import LearnerLease, LeaseHeld, holder_name
 from deploy.learn.metrics import LearnerTelemetry, serve_metrics
+from deploy.learn.plan import LearnerConfigError, round_plan
+from deploy.learn.round_line import summary_line
 from deploy.learn.settings import LearnerSettings
-from learner.labels import Grounding
-from learner.policy.chat_format import ToolFormat, resolve_tool_format
 from learner.policy.registry import CANDIDATE, CHAMPION, PolicyRegistry
 from learner.publish import recover
-from learner.rounds import RoundAborted, RoundPlan, RoundResult, run_round
+from learner.rounds import RoundAborted, RoundResult, run_round
 from learner.store import Store
-from learner.subrounds import Sampling
 from learner.trajectory_source import TrajectorySource
 
 log = logging.getLogger("arloop.learner")
-
-
-class LearnerConfigError(RuntimeError):
-    """The settings contradict what is already in Redis or on disk; the message names the fix."""
-
-
-def round_plan(s: LearnerSettings) -> RoundPlan:
-    """What each round runs with: the settings' train and round models, where it writes, and
-    the label packs' groundings (their agents' feedback becomes labels and verified sub-rounds)."""
-    try:
-        packs = [
-            get_pack(
-                ref, tutoring_source=s.tutoring_source, tutoring_eval_size=s.tutoring_eval_size
-            )
-            for ref in (s.eval_packs if s.label_packs is None else s.label_packs)
-        ]
-    except PackNotFound as exc:
-        which = "ARLOOP_EVAL_PACKS" if s.label_packs is None else "ARLOOP_LABEL_PACKS"
-        raise LearnerConfigError(f"{exc}; fix {which}") from exc
-    temperature = s.serving_temperature()
-    return RoundPlan(
-        checkpoints_dir=s.data_dir / "checkpoints",
-        model_cache=s.model_cache,
-        train=s.train,
-        round=s.round,
-        actor=s.consumer,
-        promote=not s.eval_packs,  # with an eval gate, the release flow moves the aliases
-        grounding=groundings(packs, resolve_tool_format(s.tool_format, s.base_model)),
-        sampling=Sampling(temperature, s.policy_max_tokens or 512),
-    )
-
-
-def groundings(packs: list[Pack], tool_format: ToolFormat) -> dict[str, Grounding]:
-    """Per agent of a pack that can read its answers: its readers, tools and step budget."""
-    out = {}
-    for pack in packs:
-        if pack.answer_of is None:
-            continue
-        reference_from = pack.reference_from or pack.answer_of
-        for agent in pack.agents:
-            g = agent.generation or Generation()
-            out[agent.name] = Grounding(
-                pack.answer_of,
-                reference_from,
-                agent.tools,
-                agent.max_steps,
-                tool_format,
-                max_tokens=g.max_tokens,
-                stop=g.stop,
-                include_stop=g.include_stop,
-                frequency_penalty=g.frequency_penalty or 0.0,
-                presence_penalty=g.presence_penalty or 0.0,
-            )
-    return out
-
-
-def summary_line(r: RoundResult) -> str:
-    """One line per round: version, episodes, reward mean, kl, loss, time."""
-    m = r.metrics
-    if r.published.champion:
-        where = "champion"
-    elif r.published.conflict:
-        where = "published, NOT champion (alias moved)"
-    else:
-        where = "ready for the eval gate"
-    return (
-        f"{r.version} <- {r.parent}  episodes {r.episodes}  samples {r.samples}  pairs {r.pairs}"
-        f"  reward {_f(r.reward_mean)}  kl {_f(m.get('kl', math.nan), 4)}"
-        f"  loss {_f(m.get('loss', m.get('dpo/loss', math.nan)), 4)}  {r.seconds:.1f}s  {where}"
-        + _subround_part(m)
-        + _judge_part(m)
-    )
-
-
-def _judge_part(m: dict[str, float]) -> str:
-    """KTO answers and the reward model: its held-out AUROC, and whether its scores trained."""
-    out = (
-        f"  kto {m['reward_sources/kto_judged']:.0f}" if m.get("reward_sources/kto_judged") else ""
-    )
-    if "reward_model/train_runs" in m:
-        used = f"scored {m['reward_sources/reward_model']:.0f} silent runs"
-        auroc = m.get("reward_model/auroc", math.nan)  # NaN (dropped): no held-out class pair
-        out += f"  reward model AUROC {'n/a' if math.isnan(auroc) else f'{auroc:.2f}'} " + (
-            f"({used})" if m.get("reward_model/used") else "(below the bar: not used)"
-        )
-    return out
-
-
-def _subround_part(m: dict[str, float]) -> str:
-    """The verified sub-rounds' figures: labels, solved rate first -> last, their cost."""
-    if not m.get("labels/replayed"):
-        return f"  labels {m['labels']:.0f}, none replayed" if m.get("labels") else ""
-    return (
-        f"  labels {m['labels']:.0f} (replayed {m['labels/replayed']:.0f}): verified "
-        f"{m['subround/solved_first']:.0%} -> {m['subround/solved_last']:.0%} "
-        f"(generate {m['subround/generate_s']:.0f}s, update {m['subround/update_s']:.0f}s)"
-    )
-
-
-def _f(x: float, digits: int = 3) -> str:
-    return "-" if x is None or math.isnan(x) else f"{x:+.{digits}f}"
 
 
 class Learner:

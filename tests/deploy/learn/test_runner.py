@@ -3,7 +3,9 @@ import io
 import pytest
 from rich.console import Console
 
-from deploy.learn.runner import Learner, LearnerConfigError, main, round_plan, summary_line
+from deploy.learn.plan import LearnerConfigError, round_plan
+from deploy.learn.round_line import summary_line
+from deploy.learn.runner import Learner, main
 from deploy.learn.settings import LearnerSettings
 from learner.policy.registry import PolicyRegistry
 from tests.learner.learner_events import feedback, trajectory, xadd
@@ -105,7 +107,7 @@ def test_the_round_runs_with_the_settings_own_models(tmp_path):
 
 def test_replays_sample_with_the_agents_stops_and_penalties_at_the_rounds_temperature():
     from agents.packs import get_pack
-    from deploy.learn.runner import groundings
+    from deploy.learn.plan import groundings
 
     g = groundings([get_pack("medical")], "line")["triage"]
     assert g.max_tokens == 80 and g.include_stop and g.stop[-1] == "Triage: emergency"
