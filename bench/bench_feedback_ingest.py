@@ -3,7 +3,8 @@
 The agent API runs in its own process (uvicorn, uvloop + httptools) on a fresh Redis; a light
 keep-alive HTTP client posts feedback with valid, distinct tokens from many users (so every
 post is accepted: token check, value check, rate window, replay marker and XADD in one Lua
-call). Then `redis-benchmark` XADDs entries of the same size to the same server.
+call). Then `redis-benchmark` XADDs entries of the same size to the same server, and runs the
+intake's Lua call itself: how many accepted events one Redis core takes from all replicas.
 
     .venv/bin/python bench/bench_feedback_ingest.py [--events 6000] [--concurrency 32]
 """
@@ -29,6 +30,7 @@ import httpx
 import redis
 
 from agents.events import STREAM_FEEDBACK, FeedbackEvent, FeedbackKind, encode
+from agents.feedback_intake import _ACCEPT as ACCEPT_SCRIPT
 from agents.feedback_tokens import issue
 from deploy.embedded_redis import free_port, start_redis
 
@@ -72,8 +74,7 @@ async def post_all(port: int, requests: list[bytes], concurrency: int) -> tuple[
     return accepted, time.perf_counter() - start
 
 
-def redis_benchmark_xadd(port: int, n: int, concurrency: int) -> float:
-    """XADDs/s that redis-benchmark gets with entries the size of a feedback event."""
+def _sample_fields() -> list[str]:
     sample = FeedbackEvent(
         event_id="fb_" + "0" * 32,
         trajectory_id="traj_bench_0",
@@ -82,29 +83,32 @@ def redis_benchmark_xadd(port: int, n: int, concurrency: int) -> float:
         value=1,
         policy_version="v0",
     )
-    fields = [x for pair in encode(sample).items() for x in pair]
+    return [x for pair in encode(sample).items() for x in pair]
+
+
+def redis_benchmark(port: int, n: int, concurrency: int, *command: str) -> float:
+    """Requests/s that redis-benchmark gets for `command` (__rand_int__ varies per request)."""
     out = subprocess.run(
-        [
-            shutil.which("redis-benchmark"),
-            "-h",
-            "127.0.0.1",
-            "-p",
-            str(port),
-            "-c",
-            str(concurrency),
-            "-n",
-            str(n),
-            "-q",
-            "XADD",
-            "bench:xadd",
-            "*",
-            *fields,
-        ],
+        [shutil.which("redis-benchmark"), "-h", "127.0.0.1", "-p", str(port)]
+        + ["-c", str(concurrency), "-n", str(n), "-r", "1000000000", "-q", *command],
         capture_output=True,
         text=True,
         check=True,
     ).stdout
     return float(re.findall(r"([\d.]+) requests per second", out)[-1])
+
+
+def redis_benchmark_xadd(port: int, n: int, concurrency: int) -> float:
+    """XADDs/s that redis-benchmark gets with entries the size of a feedback event."""
+    return redis_benchmark(port, n, concurrency, "XADD", "bench:xadd", "*", *_sample_fields())
+
+
+def redis_benchmark_intake(port: int, n: int, concurrency: int) -> float:
+    """The intake's own Lua call/s, Redis side alone: a new user window and trajectory each
+    time (INCR, EXPIRE, GET, XADD, SET), so the most work a call can do."""
+    keys = ["bench:rate:u__rand_int__", "bench:seen:t__rand_int__:thumbs", "bench:intake"]
+    args = ["1000000000", "120", "3600", "fb___rand_int__", *_sample_fields()]
+    return redis_benchmark(port, n, concurrency, "EVAL", ACCEPT_SCRIPT, "3", *keys, *args)
 
 
 def main() -> None:
@@ -148,6 +152,7 @@ def main() -> None:
             in_stream = r.xlen(STREAM_FEEDBACK) - len(warm)
         api_rate = accepted / seconds
         xadd_rate = redis_benchmark_xadd(server.port, 100_000, 50)
+        intake_rate = redis_benchmark_intake(server.port, 100_000, 50)
         print(
             f"cpus: {os.cpu_count()}, load average: {os.getloadavg()[0]:.2f}; "
             f"{opts.concurrency} keep-alive connections, {opts.events} posts"
@@ -159,6 +164,10 @@ def main() -> None:
         print(
             f"redis-benchmark XADD (same server, same entry size, 50 clients): "
             f"{xadd_rate:,.0f} events/s"
+        )
+        print(
+            f"redis-benchmark of the intake's Lua call (same server, 50 clients): "
+            f"{intake_rate:,.0f} events/s: what one Redis core can accept from all replicas"
         )
         print(f"API / raw XADD: {api_rate / xadd_rate:.3f} ({xadd_rate / api_rate:.1f}x slower)")
     finally:
