@@ -222,6 +222,17 @@ class PolicyServerSettings(ModelSettings):
     max_n: int = Field(16, ge=1)
     """Most choices (`n`) one request may ask for."""
     context_length: int | None = None
-    """Prompt plus completion tokens; unset uses the model's `max_position_embeddings`."""
+    """Prompt plus completion tokens; unset uses the model's `max_position_embeddings`
+    (transformers) or 4096 (llama.cpp, whose KV is reserved up front for every sequence)."""
     prefix_cache: int = Field(8, ge=0)
-    """Shared prompt heads (system prompt, worked example) whose KV is kept for reuse; 0: off."""
+    """Shared prompt heads (system prompt, worked example) whose KV is kept for reuse; 0: off
+    (transformers engine; llama.cpp's sequences keep their last prompt's KV instead)."""
+    policy_engine: Literal["auto", "llamacpp", "transformers"] = "auto"
+    """What decodes: `llamacpp` (each version exported to GGUF and run by llama.cpp, about 8x
+    the tokens/s on a CPU; needs `pip install 'arloop[llamacpp]'`), or `transformers` (torch,
+    fp32: logprobs exactly the learner's, any device). `auto`: llama.cpp where it is installed,
+    the device is the CPU and the model is a Llama-architecture one, else transformers (the
+    log says why)."""
+    llamacpp_quant: Literal["q8_0", "f16", "f32"] = "q8_0"
+    """Weights of the llama.cpp export: `q8_0` (fastest; mean |logprob - learner's| about 0.02
+    per token on SmolLM2-135M), `f16`, or `f32` (slowest, closest to the learner)."""

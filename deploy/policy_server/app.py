@@ -26,6 +26,7 @@ from starlette.background import BackgroundTask
 
 from agents.errors import ArloopError
 from deploy.logs import bind, setup_logging
+from deploy.policy_server.engines import build_engine
 from deploy.policy_server.metrics import PolicyMetrics
 from deploy.policy_server.openai_wire import (
     ChatRequest,
@@ -53,6 +54,7 @@ class ServerState:
     versions: VersionManager
     engine: GenerationEngine
     metrics: PolicyMetrics
+    engine_label: str  # `llamacpp-q8_0` or `transformers-fp32`: which numerics gave the logprobs
 
 
 def create_app(
@@ -61,7 +63,7 @@ def create_app(
     client: redis.Redis | None = None,
     loader: Loader | None = None,
 ) -> FastAPI:
-    """The app; its lifespan loads the serving versions and starts the batching engine."""
+    """The app; its lifespan picks the engine, loads the serving versions and starts decoding."""
     if client is None and not settings.redis_url:
         raise ValueError("PolicyServerSettings.redis_url is unset: resolve it with ensure_redis()")
 
@@ -73,6 +75,8 @@ def create_app(
         threads = torch.get_num_threads()
         if settings.threads:
             torch.set_num_threads(settings.threads)  # process-wide: restored at shutdown
+        engine = await asyncio.to_thread(build_engine, settings, metrics.batch_rows.observe)
+        log.info("policy engine: %s", engine.label)
         versions = VersionManager(
             redis_client,
             base_model=settings.base_model,
@@ -82,21 +86,15 @@ def create_app(
             poll_s=settings.reload_poll_s,
             context_length=settings.context_length,
             metrics=metrics,
-            loader=loader,
+            loader=loader or engine.loader,
         )
         await asyncio.to_thread(versions.start)
-        engine = GenerationEngine(
-            settings.max_batch_size,
-            settings.batch_window_ms / 1000,
-            on_batch=metrics.batch_rows.observe,
-            prefix_entries=settings.prefix_cache,
-        )
-        engine.start()
-        app.state.policy = ServerState(settings, versions, engine, metrics)
+        engine.generation.start()
+        app.state.policy = ServerState(settings, versions, engine.generation, metrics, engine.label)
         try:
             yield
         finally:
-            engine.stop()
+            engine.generation.stop()
             versions.stop()
             torch.set_num_threads(threads)
 
@@ -146,6 +144,7 @@ async def chat_completions(req: ChatRequest, request: Request):
         prompt_ids=prompt_ids,
         finishes=finishes,
         tool_format=tool_format_of(st.settings),
+        engine=st.engine_label,
     )
 
 
@@ -164,7 +163,12 @@ async def list_models(request: Request) -> dict[str, Any]:
 
 async def healthz(request: Request) -> dict[str, Any]:
     st: ServerState = request.app.state.policy
-    return {"status": "ok", "serving": st.versions.serving(), "loaded": st.versions.loaded()}
+    return {
+        "status": "ok",
+        "engine": st.engine_label,
+        "serving": st.versions.serving(),
+        "loaded": st.versions.loaded(),
+    }
 
 
 async def metrics_text(request: Request) -> PlainTextResponse:
@@ -220,7 +224,9 @@ async def _stream(req: ChatRequest, run: _Run, rid: str):
     writer = ChunkWriter(req, rid, run.policy.version)
     fmt = tool_format_of(run.st.settings)
     choices = [ChoiceStream(req, i, run.policy.tokenizer, fmt) for i in range(len(run.rows))]
-    extra = {"prompt_token_ids": run.rows[0].prompt_ids} if req.return_token_ids else {}
+    extra = {"engine": run.st.engine_label}
+    if req.return_token_ids:
+        extra["prompt_token_ids"] = run.rows[0].prompt_ids
     try:
         yield writer.chunk([c.first() for c in choices], **extra)
         async for ev in run.events():
