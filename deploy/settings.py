@@ -233,6 +233,11 @@ class PolicyServerSettings(ModelSettings):
     fp32: logprobs exactly the learner's, any device). `auto`: llama.cpp where it is installed,
     the device is the CPU and the model is a Llama-architecture one, else transformers (the
     log says why)."""
+    llamacpp_threads: int | None = Field(None, ge=1)
+    """CPU threads llama.cpp decodes with; unset: half the cores (1 on 2 cores, at most 8).
+    Its threads wait for each other by spinning: with more threads than free cores (the agent
+    API and the learner share them) decoding collapses (measured: 2 threads on a busy 2-core
+    machine 0.8 tokens/s, 1 thread 39)."""
     llamacpp_quant: Literal["q8_0", "f16", "f32"] = "q8_0"
     """Weights of the llama.cpp export: `q8_0` (fastest; mean |logprob - learner's| about 0.02
     per token on SmolLM2-135M), `f16`, or `f32` (slowest, closest to the learner)."""

@@ -15,12 +15,26 @@ from typing import Any
 import torch
 
 from learner.advantages import RunningBaseline
+from learner.behaviour import BehaviourGap, relog_behaviour
 from learner.config import RoundConfig, TrainConfig
 from learner.crashpoints import crash_point
 from learner.episodes import Episode, settle, trainable_episodes
 from learner.labels import Grounding, find_labels
-from learner.policy.models import checkpoint_path, load_base, load_checkpoint
-from learner.policy.registry import CHAMPION, PolicyRegistry, PolicyVersion, version_number
+from learner.policy.models import (
+    CheckpointError,
+    ModelNotFound,
+    checkpoint_path,
+    load_base,
+    load_checkpoint,
+    load_version,
+)
+from learner.policy.registry import (
+    CHAMPION,
+    PolicyRegistry,
+    PolicyVersion,
+    UnknownVersion,
+    version_number,
+)
 from learner.publish import Published, publish_version
 from learner.rewards import batch_rewards, keep_turns
 from learner.samples import (
@@ -96,6 +110,7 @@ def run_round(
     episodes = sorted(episodes, key=content_key)  # the same batches whatever the arrival order
     parent = registry.get(registry.resolve(CHAMPION))
     model, tokenizer, adapter_dir = load_parent(parent, plan)
+    episodes, gap = _relog(episodes, registry, plan, tokenizer.pad_token_id)
     replays = _replays(episodes, tokenizer, plan)
     rest = [n for n in range(len(episodes)) if n not in replays.episodes]
     data = _training_data(store, [episodes[n] for n in rest], tokenizer, config, plan.grounding)
@@ -130,7 +145,7 @@ def run_round(
     if not pg and not sub.updates and not dpo:  # every group tied: nothing to learn from them
         store.settle([i for e in episodes for i in e.event_ids], UNTRAINABLE)
         return None
-    metrics = _round_metrics(pg + sub.updates, dpo, data, sub)
+    metrics = _round_metrics(pg + sub.updates, dpo, data, sub, gap)
     crash_point("during_train")
     trained = [i for n in sorted(used) for i in episodes[n].event_ids]
 
@@ -200,6 +215,26 @@ def load_parent(parent: PolicyVersion, plan: RoundPlan) -> tuple[torch.nn.Module
             "first"
         )
     return model, tokenizer, checkpoint_path(parent.checkpoint_uri)
+
+
+def _relog(
+    episodes: list[Episode], registry: PolicyRegistry, plan: RoundPlan, pad_id: int
+) -> tuple[list[Episode], BehaviourGap]:
+    """The episodes with behaviour logprobs in the learner's numerics (`learner.behaviour`)."""
+    if not plan.round.recompute_behaviour:
+        return episodes, BehaviourGap()
+
+    def trained(episode: Episode, step) -> bool:
+        return plan.round.train_after_tool or step.index in credited_turns(episode)
+
+    def load(version: str) -> torch.nn.Module | None:
+        try:
+            return load_version(registry.get(version), cache_dir=plan.model_cache)[0]
+        except (UnknownVersion, CheckpointError, ModelNotFound) as exc:
+            log.warning("behaviour logprobs of %s kept as logged: %s", version, exc)
+            return None
+
+    return relog_behaviour(episodes, trained, load, pad_id, plan.round.batch_size)
 
 
 def _optimizer_state(parent: PolicyVersion) -> Path | None:
@@ -285,8 +320,10 @@ def _round_metrics(
     dpo: list[dict[str, float]],
     data: TrainingData,
     sub: SubroundResult,
+    gap: BehaviourGap,
 ) -> dict[str, float]:
-    """The updates' mean metrics, what each reward source gave, and the sub-rounds' figures."""
+    """The updates' mean metrics, what each reward source gave, the sub-rounds' figures, and
+    the behaviour logprobs recomputed (`learner.behaviour`)."""
     metrics = _mean_metrics(pg)
     metrics.update({f"dpo/{k}": v for k, v in _mean_metrics(dpo).items()})
     metrics.update(
@@ -297,6 +334,7 @@ def _round_metrics(
     metrics["reward_sources/feedback"] = float(len(data.samples))
     metrics["reward_sources/correction_pairs"] = float(len(data.pairs))
     metrics.update(sub.metrics)
+    metrics.update(gap.metrics())
     return {k: v for k, v in metrics.items() if math.isfinite(v)}  # NaN: undefined this round
 
 

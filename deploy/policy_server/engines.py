@@ -66,6 +66,12 @@ def llamacpp_problem(settings: PolicyServerSettings) -> str | None:
     return None
 
 
+def llamacpp_threads() -> int:
+    """Half the cores (at least 1, at most 8): see `PolicyServerSettings.llamacpp_threads`."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, min(8, (cores or 2) // 2))
+
+
 def build_engine(settings: PolicyServerSettings, on_batch) -> Engine:
     """The engine these settings choose, ready to start."""
     name = choose_engine(settings)
@@ -82,7 +88,7 @@ def build_engine(settings: PolicyServerSettings, on_batch) -> Engine:
         cache_dir=settings.model_cache,
         quant=settings.llamacpp_quant,
         slots=settings.max_batch_size,
-        threads=settings.threads or os.cpu_count() or 1,
+        threads=settings.llamacpp_threads or llamacpp_threads(),
         context=settings.context_length,
     )
     generation = LlamaEngine(settings.max_batch_size, window, on_batch=on_batch, prefix_entries=0)

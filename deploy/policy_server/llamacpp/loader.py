@@ -20,8 +20,10 @@ from typing import Any
 
 from deploy.policy_server.llamacpp.export import Quant, export_gguf, read_eos_ids
 from deploy.policy_server.llamacpp.runner import LlamaRunner
+from deploy.policy_server.openai_wire import token_bytes
 from learner.policy.models import (
     SMOLLM2,
+    CheckpointError,
     checkpoint_path,
     load_version,
     load_version_tokenizer,
@@ -65,6 +67,7 @@ class LlamaLoader:
             path, slots=self.slots, context=self.context or DEFAULT_CONTEXT, threads=self.threads
         )
         runner.eos = read_eos_ids(path) or {tokenizer.eos_token_id}
+        check_vocabulary(runner, tokenizer)
         return runner, tokenizer
 
     def gguf_path(self, record: PolicyVersion) -> Path:
@@ -111,6 +114,26 @@ class LlamaLoader:
         for old in files[self.keep :]:
             if old != keep_path:
                 old.unlink(missing_ok=True)
+
+
+def check_vocabulary(runner: LlamaRunner, tokenizer: Any) -> None:
+    """CheckpointError unless every id means the same bytes to llama.cpp and to the tokenizer.
+
+    Prompts reach llama.cpp as the tokenizer's ids and its samples come back as ids the
+    learner trains on: one id meaning two things would corrupt both, silently.
+    """
+    size = len(tokenizer)
+    if runner.n_vocab < size:
+        raise CheckpointError(
+            f"{runner.path.name}: llama.cpp has {runner.n_vocab} tokens, the tokenizer {size}"
+        )
+    for token_id in range(size):
+        if runner.piece(token_id) != token_bytes(tokenizer, token_id):
+            raise CheckpointError(
+                f"{runner.path.name}: token id {token_id} is {runner.piece(token_id)!r} to "
+                f"llama.cpp but {token_bytes(tokenizer, token_id)!r} to the tokenizer; serve this "
+                "model with ARLOOP_POLICY_ENGINE=transformers"
+            )
 
 
 def _fingerprint(folder: Path) -> list[tuple[str, int, int]]:

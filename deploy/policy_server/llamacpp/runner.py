@@ -36,21 +36,25 @@ class Feed:
 class LlamaRunner:
     """A loaded GGUF: `slots` sequences of up to `context` tokens each, decoded together."""
 
-    def __init__(self, path: Path, *, slots: int, context: int, threads: int) -> None:
+    def __init__(
+        self, path: Path, *, slots: int, context: int, threads: int, n_batch: int = 2048
+    ) -> None:
         self.path, self.closed = path, False
         params = llama_cpp.llama_model_default_params()
+        # No repacked/AMX weight buffers: a build with AMX crashes in sandboxes that do not
+        # grant the tile registers, and for Q8_0 they were no faster here (README).
         params.use_extra_bufts = False
         self._model = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
         if not self._model:
             raise LlamaError(f"llama.cpp could not load {path}")
-        vocab = llama_cpp.llama_model_get_vocab(self._model)
-        self.n_vocab = llama_cpp.llama_vocab_n_tokens(vocab)
+        self._vocab = llama_cpp.llama_model_get_vocab(self._model)
+        self.n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
         self.context_train = llama_cpp.llama_model_n_ctx_train(self._model)
         context = min(context, self.context_train)
-        self.n_batch = max(512, context)
+        self.n_batch = n_batch  # tokens per llama_decode call (longer feeds are split)
         cparams = llama_cpp.llama_context_default_params()
         cparams.n_ctx = context * slots
-        cparams.n_batch = cparams.n_ubatch = self.n_batch
+        cparams.n_batch, cparams.n_ubatch = n_batch, min(n_batch, 512)
         cparams.n_seq_max = slots
         cparams.n_threads = cparams.n_threads_batch = threads
         cparams.no_perf = True
@@ -111,6 +115,15 @@ class LlamaRunner:
                 logits[out - 1] = np.ctypeslib.as_array(
                     ctypes.cast(row, ctypes.POINTER(ctypes.c_float)), shape=(self.n_vocab,)
                 )
+
+    def piece(self, token_id: int) -> bytes:
+        """The bytes llama.cpp's vocabulary has for a token id (special tokens written out)."""
+        buf = ctypes.create_string_buffer(256)
+        n = llama_cpp.llama_token_to_piece(self._vocab, token_id, buf, len(buf), 0, True)
+        if n < 0:  # the piece is longer than the buffer: -n bytes
+            buf = ctypes.create_string_buffer(-n)
+            n = llama_cpp.llama_token_to_piece(self._vocab, token_id, buf, len(buf), 0, True)
+        return buf.raw[:n]
 
     def reset(self, slot: int) -> None:
         """Forget what a slot holds (after a failed decode its KV is not what `held` says)."""

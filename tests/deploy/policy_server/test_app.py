@@ -399,3 +399,13 @@ def _shared_passes(server: str) -> float:
     text = httpx.get(server.removesuffix("/v1") + "/metrics").text
     total = _metric(text, "arloop_policy_batch_rows_count")
     return total - _metric(text, 'arloop_policy_batch_rows_bucket{le="1.0"}')
+
+
+async def test_the_agents_policy_client_records_the_engine_with_the_tokens(server, tiny, engine):
+    from agents.policy_client import PolicyClient, PolicyConfig
+
+    config = PolicyConfig(model="openai/arloop", api_base=server, api_key="none", retries=0)
+    step = await PolicyClient(config).complete(HI, arm="champion")
+    assert step.engine == {"transformers": "transformers-fp32", "llamacpp": "llamacpp-q8_0"}[engine]
+    assert step.prompt_token_ids == _server_prompt(tiny[1], HI)
+    assert len(step.logprobs) == len(step.completion_token_ids) > 0
