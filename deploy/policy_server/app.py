@@ -26,7 +26,7 @@ from starlette.background import BackgroundTask
 
 from agents.errors import ArloopError
 from deploy.logs import bind, setup_logging
-from deploy.policy_server.engines import build_engine
+from deploy.policy_server.engines import build_engine, choose_engine
 from deploy.policy_server.metrics import PolicyMetrics
 from deploy.policy_server.openai_wire import (
     ChatRequest,
@@ -328,15 +328,17 @@ def serve() -> None:
 
     settings = PolicyServerSettings()
     setup_logging("policy_server", settings.log_level, settings.log_format)
+    engine = choose_engine(settings)  # EngineUnavailable (a message, exit 2) before anything starts
     url = ensure_redis(settings.redis_url, settings.data_dir)
-    settings = settings.model_copy(update={"redis_url": url})
+    settings = settings.model_copy(update={"redis_url": url, "policy_engine": engine})
     log.info(
-        "policy server on http://%s:%d/v1 (redis %s, base %s, tool format %s)",
+        "policy server on http://%s:%d/v1 (redis %s, base %s, tool format %s, engine %s)",
         settings.host,
         settings.port,
         url,
         settings.base_model,
         tool_format_of(settings),
+        engine,
     )
     uvicorn.run(
         create_app(settings),

@@ -39,7 +39,7 @@ class LlamaRunner:
     def __init__(
         self, path: Path, *, slots: int, context: int, threads: int, n_batch: int = 2048
     ) -> None:
-        self.path, self.closed = path, False
+        self.path, self.closed = path, True  # nothing to free until fully made
         params = llama_cpp.llama_model_default_params()
         # No repacked/AMX weight buffers: a build with AMX crashes in sandboxes that do not
         # grant the tile registers, and for Q8_0 they were no faster here (README).
@@ -65,6 +65,7 @@ class LlamaRunner:
         self._memory = llama_cpp.llama_get_memory(self._ctx)
         self.context = llama_cpp.llama_n_ctx_seq(self._ctx)
         self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
+        self.closed = False
         self.held: list[list[int]] = [[] for _ in range(slots)]  # what each slot's KV holds
         self.eos: set[int] = set()  # ids that end a row (the loader sets the model's)
 
@@ -140,7 +141,10 @@ class LlamaRunner:
         llama_cpp.llama_model_free(self._model)
 
     def __del__(self) -> None:
-        self.close()
+        try:
+            self.close()
+        except (TypeError, AttributeError):  # interpreter shutdown: the bindings are gone
+            pass
 
 
 def _common(a: Sequence[int], b: Sequence[int]) -> int:

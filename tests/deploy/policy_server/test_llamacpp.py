@@ -134,3 +134,12 @@ def test_the_loader_exports_a_version_once_and_keeps_the_newest(redis_client, tm
     for name in names:
         loader(registry.get(name))
     assert sorted(loader.folder.glob("*.gguf")) == sorted(paths)  # keep=2: the oldest went
+
+
+def test_a_file_llama_cpp_cannot_read_is_an_error_not_a_crash(tmp_path):
+    from deploy.policy_server.llamacpp.runner import LlamaError
+
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF" + b"\x00" * 64)
+    with pytest.raises(LlamaError, match="could not load"):
+        _runner(bad)
