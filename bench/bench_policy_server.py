@@ -1,18 +1,18 @@
 """The policy server's engines side by side: llama.cpp alone, arloop on llama.cpp, arloop on
 transformers (and `model.generate`); tokens/s at 1 and 8 clients, publish -> first response,
-and the logprob gap between the served quantisation and the learner's fp32 weights.
+and the logprob gap between the served export and the learner's fp32 weights.
 
-    .venv/bin/python bench/bench_policy_server.py [--max-tokens 48] [--threads 2]
-        [--llama-threads N] [--engines llamacpp,transformers]
+    .venv/bin/python bench/bench_policy_server.py [--max-tokens 48] [--threads 1]
+        [--llama-threads N] [--quant f16|q8_0|f32] [--engines llamacpp,transformers]
 
 Same model (SmolLM2-135M-Instruct), same 8 prompts (the chat template over one question each,
 tokenised once by the Hugging Face tokenizer), greedy, same max_tokens. `llama.cpp alone` is
-the limit: the GGUF the server serves (its Q8_0 export of v0), driven through llama-cpp-python
-with no server: `Llama.generate` one prompt at a time, then the C API decoding 8 sequences in
-one batch with argmax. Each arloop server is its own process (`python -m
-deploy.policy_server.app`) on its own embedded Redis, run one after the other. torch threads:
-`--threads` (generate and the transformers server); llama.cpp threads: `--llama-threads`
-(both llama.cpp rows; default the server's: half the cores).
+the limit: the GGUF file the server serves (its export of v0) driven through llama-cpp-python
+with no server, no HTTP and no sampler: its C API with argmax, one prompt at a time and the 8
+as sequences of one batch (and, for reference, the high-level `Llama.generate`). Each arloop
+server is its own process (`python -m deploy.policy_server.app`) on its own embedded Redis,
+run one after the other. torch threads: `--threads` (generate and the transformers server);
+llama.cpp threads: `--llama-threads` (default the server's: half the cores).
 Targets: arloop on llama.cpp >= 0.8x llama.cpp alone at 1 client; at 8 clients more than the
 transformers server at 8 clients.
 """
@@ -219,7 +219,7 @@ def serve_and_measure(
         )
         registry = PolicyRegistry(redis.Redis.from_url(redis_proc.url))
         if engine == "llamacpp":
-            runs.gguf, runs.vocabulary = _served_file(registry)
+            runs.gguf, runs.vocabulary = _served_file(registry, env["ARLOOP_LLAMACPP_QUANT"])
         for kind, folder in checkpoints.items():
             runs.swaps[kind] = publish_to_first_response(registry, base, kind, folder)
     finally:
@@ -229,12 +229,12 @@ def serve_and_measure(
     return runs
 
 
-def _served_file(registry: PolicyRegistry) -> tuple[Path, str]:
-    """The Q8_0 export of v0 the llama.cpp server loaded, and its vocabulary check."""
+def _served_file(registry: PolicyRegistry, quant: str) -> tuple[Path, str]:
+    """The export of v0 the llama.cpp server loaded, and its vocabulary check."""
     from deploy.policy_server.llamacpp.loader import LlamaLoader, check_vocabulary
     from deploy.policy_server.llamacpp.runner import LlamaRunner
 
-    loader = LlamaLoader(cache_dir=MODEL_CACHE, quant="q8_0", slots=1, threads=1)
+    loader = LlamaLoader(cache_dir=MODEL_CACHE, quant=quant, slots=1, threads=1)
     path = loader.gguf_path(registry.get("v0"))
     runner = LlamaRunner(path, slots=1, context=512, threads=1)
     _, tok = load_base("smollm2", cache_dir=MODEL_CACHE)
@@ -262,7 +262,9 @@ def peer_generate(model, tok, prompts: list[list[int]], max_tokens: int) -> Run:
 
 
 def llama_alone(path: Path, prompts: list[list[int]], max_tokens: int, threads: int, eos: int):
-    """(1 prompt at a time with `Llama.generate`, 8 sequences in one C-API batch): the limit."""
+    """The limit, no server: {row: Run} for llama-cpp-python's `Llama.generate` one prompt at
+    a time, and its C API (the runner's bare ctypes calls, argmax, no sampler) one prompt at a
+    time and all 8 as sequences of one batch."""
     import llama_cpp
 
     from deploy.policy_server.llamacpp.runner import Feed, LlamaRunner
@@ -271,7 +273,7 @@ def llama_alone(path: Path, prompts: list[list[int]], max_tokens: int, threads: 
         str(path), n_ctx=2048, n_threads=threads, n_threads_batch=threads, verbose=False
     )
 
-    def single() -> Run:
+    def generate() -> Run:
         outputs, started = [], time.perf_counter()
         for ids in prompts:
             out = []
@@ -282,31 +284,34 @@ def llama_alone(path: Path, prompts: list[list[int]], max_tokens: int, threads: 
             outputs.append(out)
         return Run(time.perf_counter() - started, outputs)
 
-    single()  # warm-up
-    one_by_one = single()
+    generate()  # warm-up
+    rows = {"llama.cpp Llama.generate, 1 by 1": generate()}
     llm.close()
     runner = LlamaRunner(path, slots=len(prompts), context=2048, threads=threads)
 
-    def batched() -> Run:
+    def c_api(groups: list[list[int]]) -> Run:
         started = time.perf_counter()
         outs: list[list[int]] = [[] for _ in prompts]
-        feeds = [Feed(i, ids) for i, ids in enumerate(prompts)]
-        while feeds:
-            logits = runner.decode(feeds)
-            next_feeds = []
-            for feed, row in zip(feeds, logits, strict=True):
-                token = int(row.argmax())
-                outs[feed.slot].append(token)
-                if token != eos and len(outs[feed.slot]) < max_tokens:
-                    next_feeds.append(Feed(feed.slot, [token]))
-            feeds = next_feeds
+        for group in groups:
+            for slot in group:
+                runner.reset(slot)
+            feeds = [Feed(i, prompts[i]) for i in group]
+            while feeds:
+                logits = runner.decode(feeds)
+                next_feeds = []
+                for feed, row in zip(feeds, logits, strict=True):
+                    token = int(row.argmax())
+                    outs[feed.slot].append(token)
+                    if token != eos and len(outs[feed.slot]) < max_tokens:
+                        next_feeds.append(Feed(feed.slot, [token]))
+                feeds = next_feeds
         return Run(time.perf_counter() - started, outs)
 
-    for slot in range(len(prompts)):
-        runner.reset(slot)
-    together = batched()
+    c_api([[0]])  # warm-up
+    rows["llama.cpp C API, 1 by 1"] = c_api([[i] for i in range(len(prompts))])
+    rows["llama.cpp C API, 8 in a batch"] = c_api([list(range(len(prompts)))])
     runner.close()
-    return one_by_one, together
+    return rows
 
 
 def logprob_gap(model, runs: EngineRuns) -> tuple[float, float, int]:
@@ -322,9 +327,10 @@ def logprob_gap(model, runs: EngineRuns) -> tuple[float, float, int]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--max-tokens", type=int, default=48)
-    parser.add_argument("--threads", type=int, default=2, help="torch threads")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads")
     parser.add_argument("--llama-threads", type=int, default=None, help="llama.cpp threads")
     parser.add_argument("--engines", default="llamacpp,transformers")
+    parser.add_argument("--quant", default="f16", help="the llama.cpp export: f16, q8_0, f32")
     args = parser.parse_args()
     from deploy.policy_server.engines import llamacpp_threads
 
@@ -335,7 +341,8 @@ def main() -> None:
     prompts = prompts_of(tok, QUESTIONS)
     print(
         f"SmolLM2-135M-Instruct, CPU, {len(prompts)} prompts, greedy, max_tokens "
-        f"{args.max_tokens}; torch threads {args.threads}, llama.cpp threads {llama_threads}; "
+        f"{args.max_tokens}; torch threads {args.threads}, llama.cpp threads {llama_threads} "
+        f"({args.quant}); "
         f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at start"
     )
     peer_generate(model, tok, prompts, 4)  # warm-up
@@ -345,17 +352,20 @@ def main() -> None:
     checkpoints = {k: make_checkpoint(k, work / k, MODEL_CACHE) for k in ("lora", "full")}
     engines = {}
     for engine in args.engines.split(","):
-        env = {"ARLOOP_POLICY_ENGINE": engine, "ARLOOP_LLAMACPP_THREADS": str(llama_threads)}
+        env = {
+            "ARLOOP_POLICY_ENGINE": engine,
+            "ARLOOP_LLAMACPP_THREADS": str(llama_threads),
+            "ARLOOP_LLAMACPP_QUANT": args.quant,
+        }
         engines[engine] = serve_and_measure(
             engine, work / engine, env, args.threads, prompts, args.max_tokens, checkpoints
         )
         rows[f"arloop {engine}, 1 client"] = engines[engine].one
         rows[f"arloop {engine}, 8 clients"] = engines[engine].eight
         if engine == "llamacpp":
-            alone = llama_alone(
+            rows |= llama_alone(
                 engines[engine].gguf, prompts, args.max_tokens, llama_threads, tok.eos_token_id
             )
-            rows["llama.cpp alone, 1 at a time"], rows["llama.cpp alone, 8 in a batch"] = alone
     rows["generate fp32 (peer, again)"] = peer_generate(model, tok, prompts, args.max_tokens)
     report(rows, engines, model)
 
@@ -369,12 +379,12 @@ def report(rows: dict[str, Run], engines: dict[str, EngineRuns], model) -> None:
             f"{name:<32}{run.seconds:>9.1f}{run.tokens:>8}{run.tps:>8.1f}{run.tps / peer_tps:>12.2f}x"
         )
     print()
-    if "llamacpp" in engines and "llama.cpp alone, 1 at a time" in rows:
-        one, alone = rows["arloop llamacpp, 1 client"], rows["llama.cpp alone, 1 at a time"]
+    if "llama.cpp C API, 1 by 1" in rows:
+        one, alone = rows["arloop llamacpp, 1 client"], rows["llama.cpp C API, 1 by 1"]
         print(
             f"arloop llama.cpp vs llama.cpp alone, 1 client: {one.tps / alone.tps:.2f}x (target >= 0.8)"
         )
-        batch = rows["llama.cpp alone, 8 in a batch"]
+        batch = rows["llama.cpp C API, 8 in a batch"]
         eight = rows["arloop llamacpp, 8 clients"]
         print(f"arloop llama.cpp vs llama.cpp alone, 8:        {eight.tps / batch.tps:.2f}x")
     if {"llamacpp", "transformers"} <= engines.keys():

@@ -238,7 +238,8 @@ class PolicyServerSettings(ModelSettings):
     Its threads wait for each other by spinning: with more threads than free cores (the agent
     API and the learner share them) decoding collapses (measured: 2 threads on a busy 2-core
     machine 0.8 tokens/s, 1 thread 39)."""
-    llamacpp_quant: Literal["q8_0", "f16", "f32"] = "q8_0"
-    """Weights of the llama.cpp export. On SmolLM2-135M, mean |served - learner's fp32| logprob
-    per token: `q8_0` 0.1 (KL 0.005 per token; the fastest), `f16` 0.003 (about half q8_0's
-    tokens/s for one client, the same for 8), `f32` 0.002 (slowest)."""
+    llamacpp_quant: Literal["f16", "q8_0", "f32"] = "f16"
+    """Weights of the llama.cpp export. Measured on SmolLM2-135M (README "Figures"): `f16`
+    serves the learner's greedy outputs (8/8) with |served - learner's fp32| logprob 0.0014 a
+    token; `q8_0` is 1.2-1.4x faster but changes most greedy outputs (1/8 kept) with a gap of
+    0.04 (the learner then recomputes its behaviour logprobs); `f32` is the slowest."""

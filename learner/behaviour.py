@@ -1,12 +1,13 @@
 """Behaviour logprobs in the learner's own numerics, where the serving engine's differ.
 
-A policy server on llama.cpp serves a quantised export of each version: the logprobs it logs
-differ from what the learner's fp32 weights give the same tokens (about 0.02 per token for
-SmolLM2-135M in Q8_0, README "Figures"). In the importance weight min(exp(proximal -
-behaviour), cap) that difference is noise on every token, a bias on long completions. So a
-round replaces the logged logprobs of the steps it will train, where the step names an engine
-other than transformers, by those of the fp32 weights of the version that served them (each
-such version loaded once), and reports the gap it replaced.
+A policy server on llama.cpp with a quantised export (`ARLOOP_LLAMACPP_QUANT=q8_0`) logs
+logprobs that differ from what the learner's fp32 weights give the same tokens: 0.04 a token
+on SmolLM2-135M's served tokens (README "Figures"). In the importance weight
+min(exp(proximal - behaviour), cap) that difference is noise on every token. So a round
+replaces the logged logprobs of the steps it will train, where the step names such an engine,
+by those of the fp32 weights of the version that served them (each such version loaded once),
+and reports the gap it replaced. The default F16 export's gap (0.0014) is not worth that
+forward pass per step: its logprobs, like transformers', are kept as logged.
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ from agents.events import ModelStep
 from learner.episodes import Episode
 from learner.logprobs import make_batch, selected_logprobs
 
-EXACT_ENGINE = "transformers"  # the learner's own numerics (fp32 torch): logged values are kept
+KEPT_ENGINES = ("transformers", "llamacpp-f16", "llamacpp-f32")
+"""Engines whose logged logprobs are used as they are: the learner's own numerics (fp32 torch),
+or llama.cpp on unquantised weights (a gap of 0.0014-0.002 a token, bench_policy_server.py)."""
 RELOGGED = "transformers-fp32"  # what a relogged step says computed its logprobs
 
 
@@ -28,7 +31,7 @@ def relog_needed(step: ModelStep) -> bool:
     """Whether a step's logprobs came from an engine whose numerics are not the learner's."""
     return (
         step.engine is not None
-        and not step.engine.startswith(EXACT_ENGINE)
+        and not step.engine.startswith(KEPT_ENGINES)
         and bool(step.prompt_token_ids)
         and bool(step.completion_token_ids)
         and step.logprobs is not None

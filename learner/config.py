@@ -103,7 +103,7 @@ class RoundConfig(BaseModel):
     label_threshold: float = Field(0.9, gt=0.5, lt=1.0)
     """Confidence the votes must give an answer before it labels its prompt."""
     recompute_behaviour: bool = True
-    """Recompute the behaviour logprobs of trained steps that an engine with other numerics than
-    the learner's served (the policy server on llama.cpp), with the fp32 weights of the version
-    that served them (one extra forward pass over those steps); the gap replaced is the
-    metric `behaviour/engine_gap`. False: train against the logged values."""
+    """Recompute the behaviour logprobs of trained steps that a quantised engine served (the
+    policy server on a llama.cpp `q8_0` export), with the fp32 weights of the version that
+    served them (one extra forward pass over those steps); the gap replaced is the metric
+    `behaviour/engine_gap`. False: train against the logged values."""

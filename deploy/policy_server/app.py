@@ -54,7 +54,7 @@ class ServerState:
     versions: VersionManager
     engine: GenerationEngine
     metrics: PolicyMetrics
-    engine_label: str  # `llamacpp-q8_0` or `transformers-fp32`: which numerics gave the logprobs
+    engine_label: str  # `llamacpp-f16` or `transformers-fp32`: which numerics gave the logprobs
 
 
 def create_app(

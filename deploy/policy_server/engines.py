@@ -24,7 +24,7 @@ class Engine:
     """The decoding engine, the loader that puts versions in its form, and their names."""
 
     name: str  # llamacpp | transformers
-    label: str  # what responses and /healthz report: `llamacpp-q8_0`, `transformers-fp32`
+    label: str  # what responses and /healthz report: `llamacpp-f16`, `transformers-fp32`
     generation: GenerationEngine
     loader: Any  # versions.Loader; None: the VersionManager's own (transformers)
 

@@ -38,18 +38,22 @@ def test_steps_of_another_engine_get_the_learners_logprobs_and_the_gap_is_report
     llama = Episode(_served(trajectory(PROMPT, GOOD, logprobs=True, tool_turn=True), LLAMA))
     exact = Episode(_served(trajectory(PROMPT, BAD, logprobs=True), "transformers-fp32"))
     unsaid = Episode(_served(trajectory(PROMPT, BAD, logprobs=True), None))
+    f16 = Episode(_served(trajectory(PROMPT, BAD, logprobs=True), "llamacpp-f16"))
     loaded = []
 
     def load(version):
         loaded.append(version)
         return base_model()
 
-    out, gap = relog_behaviour([llama, exact, unsaid], lambda e, s: True, load, 0, batch_size=1)
+    out, gap = relog_behaviour(
+        [llama, exact, unsaid, f16], lambda e, s: True, load, 0, batch_size=1
+    )
     assert loaded == ["v0"]  # one load per serving version
     for step in out[0].trajectory.model_steps:
         assert step.engine == RELOGGED
         torch.testing.assert_close(torch.tensor(step.logprobs), torch.tensor(_exact(step)))
-    assert out[1] is exact and out[2] is unsaid  # their logged values are kept as they are
+    # the learner's numerics, an engine that does not say, unquantised llama.cpp: kept as logged
+    assert out[1] is exact and out[2] is unsaid and out[3] is f16
     steps = llama.trajectory.model_steps
     assert (gap.steps, gap.tokens) == (2, sum(len(s.completion_token_ids) for s in steps))
     assert gap.mean == pytest.approx(OFFSET, abs=1e-5)

@@ -57,7 +57,7 @@ def export_gguf(
     tokenizer: Any,
     path: Path,
     *,
-    quant: Quant = "q8_0",
+    quant: Quant = "f16",
     pre_tokenizer: str = "default",
     name: str = "arloop policy",
 ) -> Path:

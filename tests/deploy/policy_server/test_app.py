@@ -1,6 +1,6 @@
 """The policy server over real HTTP: the openai SDK and litellm as clients, a real Redis.
 
-Every test runs against both engines (transformers, llama.cpp on a Q8_0 export); logprobs
+Every test runs against both engines (transformers, llama.cpp on its default F16 export); logprobs
 are compared with the learner's fp32 recompute within each engine's tolerance.
 """
 
@@ -43,9 +43,9 @@ ASK_BROKEN = [{"role": "user", "content": "Say something broken."}]
 CALL_TEXT = '<tool_call>{"name": "calculator", "arguments": {"expression": "12+30"}}</tool_call>'
 BROKEN_TEXT = 'Sorry <tool_call>{"name": calculator}</tool_call>'
 HI = [{"role": "user", "content": "hi"}]
-LOGPROB_ATOL = {"transformers": 1e-4, "llamacpp": 5e-2}
+LOGPROB_ATOL = {"transformers": 1e-4, "llamacpp": 5e-3}
 """Largest |served - learner's fp32| logprob: transformers computes what the learner does;
-llama.cpp serves a Q8_0 export (weights and activations in 8 bits)."""
+llama.cpp serves an F16 export (weights, KV and the activations of its matmuls in 16 bits)."""
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +104,7 @@ def test_openai_sdk_plain_completion_with_token_ids(oai, tiny):
     )
     assert r.system_fingerprint == "v0" and r.object == "chat.completion"
     body = r.model_dump()
-    assert body["engine"] in ("transformers-fp32", "llamacpp-q8_0")
+    assert body["engine"] in ("transformers-fp32", "llamacpp-f16")
     choice = body["choices"][0]
     assert body["prompt_token_ids"] == _server_prompt(tiny[1], HI)
     assert len(choice["token_ids"]) == r.usage.completion_tokens == 6
@@ -290,7 +290,7 @@ def test_litellm_talks_to_the_server(server, tiny, engine):
     ref = completion_logprobs(tiny[0], r.prompt_token_ids, ids, tiny[1].pad_token_id)
     served = torch.tensor([e.logprob for e in r.choices[0].logprobs.content])
     torch.testing.assert_close(served, ref, atol=LOGPROB_ATOL[engine], rtol=0)
-    assert r.engine == {"transformers": "transformers-fp32", "llamacpp": "llamacpp-q8_0"}[engine]
+    assert r.engine == {"transformers": "transformers-fp32", "llamacpp": "llamacpp-f16"}[engine]
     chunks = list(litellm.completion(**common, stream=True))
     text = "".join(c.choices[0].delta.content or "" for c in chunks)
     assert text == r.choices[0].message.content
@@ -406,6 +406,6 @@ async def test_the_agents_policy_client_records_the_engine_with_the_tokens(serve
 
     config = PolicyConfig(model="openai/arloop", api_base=server, api_key="none", retries=0)
     step = await PolicyClient(config).complete(HI, arm="champion")
-    assert step.engine == {"transformers": "transformers-fp32", "llamacpp": "llamacpp-q8_0"}[engine]
+    assert step.engine == {"transformers": "transformers-fp32", "llamacpp": "llamacpp-f16"}[engine]
     assert step.prompt_token_ids == _server_prompt(tiny[1], HI)
     assert len(step.logprobs) == len(step.completion_token_ids) > 0
