@@ -240,6 +240,7 @@ class PolicyServerSettings(ModelSettings):
     machine 0.8 tokens/s, 1 thread 39)."""
     llamacpp_quant: Literal["f16", "q8_0", "f32"] = "f16"
     """Weights of the llama.cpp export. Measured on SmolLM2-135M (README "Figures"): `f16`
-    serves the learner's greedy outputs (8/8) with |served - learner's fp32| logprob 0.0014 a
-    token; `q8_0` is 1.2-1.4x faster but changes most greedy outputs (1/8 kept) with a gap of
-    0.04 (the learner then recomputes its behaviour logprobs); `f32` is the slowest."""
+    serves the learner's greedy outputs (7-8 of 8 prompts) with |served - learner's fp32|
+    logprob 0.0015 a token; `q8_0` is 1.15-1.4x faster but changes most greedy outputs (1 of 8
+    kept) with a gap of 0.04 (the learner then recomputes its behaviour logprobs); `f32` is
+    the slowest."""

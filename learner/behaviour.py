@@ -6,7 +6,7 @@ on SmolLM2-135M's served tokens (README "Figures"). In the importance weight
 min(exp(proximal - behaviour), cap) that difference is noise on every token. So a round
 replaces the logged logprobs of the steps it will train, where the step names such an engine,
 by those of the fp32 weights of the version that served them (each such version loaded once),
-and reports the gap it replaced. The default F16 export's gap (0.0014) is not worth that
+and reports the gap it replaced. The default F16 export's gap (0.0015) is not worth that
 forward pass per step: its logprobs, like transformers', are kept as logged.
 """
 
@@ -23,7 +23,7 @@ from learner.logprobs import make_batch, selected_logprobs
 
 KEPT_ENGINES = ("transformers", "llamacpp-f16", "llamacpp-f32")
 """Engines whose logged logprobs are used as they are: the learner's own numerics (fp32 torch),
-or llama.cpp on unquantised weights (a gap of 0.0014-0.002 a token, bench_policy_server.py)."""
+or llama.cpp on unquantised weights (a gap of 0.0015-0.002 a token, bench_policy_server.py)."""
 RELOGGED = "transformers-fp32"  # what a relogged step says computed its logprobs
 
 
