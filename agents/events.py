@@ -84,6 +84,10 @@ class ModelStep(_Frozen):
     prompt_token_ids: list[int] | None = None
     completion_token_ids: list[int] | None = None
     logprobs: list[float] | None = None  # one per completion token, behaviour policy
+    # What computed the logprobs, as the policy server says (`transformers-fp32`, `llamacpp-f16`);
+    # None: not said (another endpoint, or an event from before). The learner recomputes the
+    # logprobs of an engine whose numerics are not its own (learner/behaviour.py).
+    engine: str | None = None
     latency_ms: float
 
 

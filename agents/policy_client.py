@@ -204,8 +204,13 @@ def to_model_step(
         prompt_token_ids=_ints(getattr(response, "prompt_token_ids", None)),
         completion_token_ids=_ints(getattr(choice, "token_ids", None)),
         logprobs=_logprobs(getattr(choice, "logprobs", None)),
+        engine=_text(getattr(response, "engine", None)),
         latency_ms=latency_ms,
     )
+
+
+def _text(value: Any) -> str | None:
+    return value[:64] if isinstance(value, str) and value else None
 
 
 def _ints(values: Any) -> list[int] | None:

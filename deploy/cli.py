@@ -56,11 +56,14 @@ def serve_agents() -> None:
 @serve_app.command("policy")
 def serve_policy() -> None:
     """Serve the policy over an OpenAI-compatible API (ARLOOP_BASE_MODEL, ARLOOP_MODEL_CACHE,
-    ARLOOP_PORT, ARLOOP_TOOL_FORMAT, ARLOOP_REDIS_URL; all in deploy/settings.py
-    PolicyServerSettings); follows the registry's champion and hot-reloads new versions."""
+    ARLOOP_PORT, ARLOOP_TOOL_FORMAT, ARLOOP_POLICY_ENGINE (llamacpp where installed, else
+    transformers), ARLOOP_LLAMACPP_QUANT, ARLOOP_LLAMACPP_THREADS, ARLOOP_REDIS_URL; all in
+    deploy/settings.py PolicyServerSettings); follows the registry's champion and hot-reloads
+    new versions."""
     from deploy.policy_server.app import serve
+    from deploy.policy_server.engines import EngineUnavailable
 
-    _serve("serve policy", serve)
+    _serve("serve policy", serve, EngineUnavailable)
 
 
 @app.command("learn")

@@ -324,9 +324,28 @@ class PolicyServerSettings(ModelSettings):
     max_n: int = Field(16, ge=1)
     """Most choices (`n`) one request may ask for."""
     context_length: int | None = None
-    """Prompt plus completion tokens; unset uses the model's `max_position_embeddings`."""
+    """Prompt plus completion tokens; unset uses the model's `max_position_embeddings`
+    (transformers) or 4096 (llama.cpp, whose KV is reserved up front for every sequence)."""
     prefix_cache: int = Field(8, ge=0)
-    """Shared prompt heads (system prompt, worked example) whose KV is kept for reuse; 0: off."""
+    """Shared prompt heads (system prompt, worked example) whose KV is kept for reuse; 0: off
+    (transformers engine; llama.cpp's sequences keep their last prompt's KV instead)."""
     prefix_cache_alone: bool = True
     """A request alone also caches its head before its last user turn (one user at a time:
     the agent's next call and next run reuse it); false: only rows that arrive together."""
+    policy_engine: Literal["auto", "llamacpp", "transformers"] = "auto"
+    """What decodes: `llamacpp` (each version exported to GGUF and run by llama.cpp, about 8x
+    the tokens/s on a CPU; needs `pip install 'arloop[llamacpp]'`), or `transformers` (torch,
+    fp32: logprobs exactly the learner's, any device). `auto`: llama.cpp where it is installed,
+    the device is the CPU and the model is a Llama-architecture one, else transformers (the
+    log says why)."""
+    llamacpp_threads: int | None = Field(None, ge=1)
+    """CPU threads llama.cpp decodes with; unset: half the cores (1 on 2 cores, at most 8).
+    Its threads wait for each other by spinning: with more threads than free cores (the agent
+    API and the learner share them) decoding collapses (measured: 2 threads on a busy 2-core
+    machine 0.8 tokens/s, 1 thread 39)."""
+    llamacpp_quant: Literal["f16", "q8_0", "f32"] = "f16"
+    """Weights of the llama.cpp export. Measured on SmolLM2-135M (README "Figures"): `f16`
+    serves the learner's greedy outputs (7-8 of 8 prompts) with |served - learner's fp32|
+    logprob 0.0015 a token; `q8_0` is 1.15-1.4x faster but changes most greedy outputs (1 of 8
+    kept) with a gap of 0.04 (the learner then recomputes its behaviour logprobs); `f32` is
+    the slowest."""

@@ -118,3 +118,8 @@ class RoundConfig(BaseModel):
     reward_model_min_auroc: float = Field(0.75, ge=0.5, le=1.0)
     """Held-out AUROC a fit must reach before its scores train anything; below it silent
     runs are let go as without a reward model."""
+    recompute_behaviour: bool = True
+    """Recompute the behaviour logprobs of trained steps that a quantised engine served (the
+    policy server on a llama.cpp `q8_0` export), with the fp32 weights of the version that
+    served them (one extra forward pass over those steps); the gap replaced is the metric
+    `behaviour/engine_gap`. False: train against the logged values."""

@@ -15,13 +15,27 @@ from typing import Any
 import torch
 
 from learner.advantages import RunningBaseline
+from learner.behaviour import BehaviourGap, relog_behaviour
 from learner.config import RoundConfig, TrainConfig
 from learner.crashpoints import crash_point
 from learner.episodes import SILENT, Episode, settle, silent_episodes, trainable_episodes
 from learner.judge import fit_judge, write_source_scores
 from learner.labels import Grounding, find_labels
-from learner.policy.models import checkpoint_path, load_base, load_checkpoint
-from learner.policy.registry import CHAMPION, PolicyRegistry, PolicyVersion, version_number
+from learner.policy.models import (
+    CheckpointError,
+    ModelNotFound,
+    checkpoint_path,
+    load_base,
+    load_checkpoint,
+    load_version,
+)
+from learner.policy.registry import (
+    CHAMPION,
+    PolicyRegistry,
+    PolicyVersion,
+    UnknownVersion,
+    version_number,
+)
 from learner.publish import Published, publish_version
 from learner.rewards import EpisodeReward, batch_rewards, keep_turns
 from learner.samples import (
@@ -111,6 +125,7 @@ def run_round(
     _let_go(store, [e for e in silent if e.trajectory.event_id not in scored], SILENT)
     episodes += [e for e in silent if e.trajectory.event_id in scored]
     episodes = sorted(episodes, key=content_key)  # the same batches whatever the arrival order
+    episodes, gap = _relog(episodes, registry, plan, pad)
     replays = _replays(episodes, tokenizer, plan)
     rest = [n for n in range(len(episodes)) if n not in replays.episodes]
     rest_episodes = [episodes[n] for n in rest]
@@ -152,7 +167,7 @@ def run_round(
     if not pg and not kto and not sub.updates and not dpo:  # every group tied: nothing to learn
         store.settle([i for e in episodes for i in e.event_ids], UNTRAINABLE)
         return None
-    metrics = _round_metrics(pg + sub.updates, dpo, kto, data, sub)
+    metrics = _round_metrics(pg + sub.updates, dpo, kto, data, sub, gap)
     if judge is not None:
         metrics.update(judge.metrics(len(scored)))
     crash_point("during_train")
@@ -226,6 +241,26 @@ def load_parent(parent: PolicyVersion, plan: RoundPlan) -> tuple[torch.nn.Module
             "first"
         )
     return model, tokenizer, checkpoint_path(parent.checkpoint_uri)
+
+
+def _relog(
+    episodes: list[Episode], registry: PolicyRegistry, plan: RoundPlan, pad_id: int
+) -> tuple[list[Episode], BehaviourGap]:
+    """The episodes with behaviour logprobs in the learner's numerics (`learner.behaviour`)."""
+    if not plan.round.recompute_behaviour:
+        return episodes, BehaviourGap()
+
+    def trained(episode: Episode, step) -> bool:
+        return plan.round.train_after_tool or step.index in credited_turns(episode)
+
+    def load(version: str) -> torch.nn.Module | None:
+        try:
+            return load_version(registry.get(version), cache_dir=plan.model_cache)[0]
+        except (UnknownVersion, CheckpointError, ModelNotFound) as exc:
+            log.warning("behaviour logprobs of %s kept as logged: %s", version, exc)
+            return None
+
+    return relog_behaviour(episodes, trained, load, pad_id, plan.round.batch_size)
 
 
 def _optimizer_state(parent: PolicyVersion) -> Path | None:
@@ -339,8 +374,10 @@ def _round_metrics(
     kto: list[dict[str, float]],
     data: TrainingData,
     sub: SubroundResult,
+    gap: BehaviourGap,
 ) -> dict[str, float]:
-    """The updates' mean metrics, what each reward source gave, and the sub-rounds' figures."""
+    """The updates' mean metrics, what each reward source gave, the sub-rounds' figures, and
+    the behaviour logprobs recomputed (`learner.behaviour`)."""
     metrics = _mean_metrics(pg)
     metrics.update({f"dpo/{k}": v for k, v in _mean_metrics(dpo).items()})
     metrics.update({f"kto/{k}": v for k, v in _mean_metrics(kto).items()})
@@ -354,6 +391,7 @@ def _round_metrics(
     metrics["reward_sources/kto_judged"] = float(len(data.judged))
     metrics["reward_sources/correction_pairs"] = float(len(data.pairs))
     metrics.update(sub.metrics)
+    metrics.update(gap.metrics())
     return {k: v for k, v in metrics.items() if math.isfinite(v)}  # NaN: undefined this round
 
 

@@ -26,6 +26,7 @@ from starlette.background import BackgroundTask
 
 from agents.errors import ArloopError
 from deploy.logs import bind, setup_logging
+from deploy.policy_server.engines import build_engine, choose_engine
 from deploy.policy_server.heartbeat import Heartbeat
 from deploy.policy_server.metrics import PolicyMetrics
 from deploy.policy_server.openai_wire import (
@@ -54,6 +55,7 @@ class ServerState:
     versions: VersionManager
     engine: GenerationEngine
     metrics: PolicyMetrics
+    engine_label: str  # `llamacpp-f16` or `transformers-fp32`: which numerics gave the logprobs
 
 
 def create_app(
@@ -62,7 +64,7 @@ def create_app(
     client: redis.Redis | None = None,
     loader: Loader | None = None,
 ) -> FastAPI:
-    """The app; its lifespan loads the serving versions and starts the batching engine."""
+    """The app; its lifespan picks the engine, loads the serving versions and starts decoding."""
     if client is None and not settings.redis_url:
         raise ValueError("PolicyServerSettings.redis_url is unset: resolve it with ensure_redis()")
 
@@ -76,6 +78,8 @@ def create_app(
             torch.set_num_threads(settings.threads)  # process-wide: restored at shutdown
         url = f"http://{settings.host}:{settings.port}/v1"
         heartbeat = Heartbeat(redis_client, url, ttl_s=3 * settings.reload_poll_s + 5)
+        engine = await asyncio.to_thread(build_engine, settings, metrics.batch_rows.observe)
+        log.info("policy engine: %s", engine.label)
         versions = VersionManager(
             redis_client,
             base_model=settings.base_model,
@@ -85,23 +89,16 @@ def create_app(
             poll_s=settings.reload_poll_s,
             context_length=settings.context_length,
             metrics=metrics,
-            loader=loader,
+            loader=loader or engine.loader,
             on_beat=_beat_safely(heartbeat),
         )
         await asyncio.to_thread(versions.start)
-        engine = GenerationEngine(
-            settings.max_batch_size,
-            settings.batch_window_ms / 1000,
-            on_batch=metrics.batch_rows.observe,
-            prefix_entries=settings.prefix_cache,
-            cache_alone=settings.prefix_cache_alone,
-        )
-        engine.start()
-        app.state.policy = ServerState(settings, versions, engine, metrics)
+        engine.generation.start()
+        app.state.policy = ServerState(settings, versions, engine.generation, metrics, engine.label)
         try:
             yield
         finally:
-            engine.stop()
+            engine.generation.stop()
             versions.stop()
             heartbeat.stop()
             torch.set_num_threads(threads)
@@ -152,6 +149,7 @@ async def chat_completions(req: ChatRequest, request: Request):
         prompt_ids=prompt_ids,
         finishes=finishes,
         tool_format=tool_format_of(st.settings),
+        engine=st.engine_label,
     )
 
 
@@ -174,6 +172,7 @@ async def healthz(request: Request) -> dict[str, Any]:
     versions = st.versions
     return {
         "status": "ok",
+        "engine": st.engine_label,
         "serving": versions.serving(),
         "loaded": versions.loaded(),
         "digests": versions.digests(),
@@ -243,7 +242,9 @@ async def _stream(req: ChatRequest, run: _Run, rid: str):
     writer = ChunkWriter(req, rid, run.policy.version)
     fmt = tool_format_of(run.st.settings)
     choices = [ChoiceStream(req, i, run.policy.tokenizer, fmt) for i in range(len(run.rows))]
-    extra = {"prompt_token_ids": run.rows[0].prompt_ids} if req.return_token_ids else {}
+    extra = {"engine": run.st.engine_label}
+    if req.return_token_ids:
+        extra["prompt_token_ids"] = run.rows[0].prompt_ids
     try:
         yield writer.chunk([c.first() for c in choices], **extra)
         async for ev in run.events():
@@ -345,15 +346,17 @@ def serve() -> None:
 
     settings = PolicyServerSettings()
     setup_logging("policy_server", settings.log_level, settings.log_format)
+    engine = choose_engine(settings)  # EngineUnavailable (a message, exit 2) before anything starts
     url = ensure_redis(settings.redis_url, settings.data_dir)
-    settings = settings.model_copy(update={"redis_url": url})
+    settings = settings.model_copy(update={"redis_url": url, "policy_engine": engine})
     log.info(
-        "policy server on http://%s:%d/v1 (redis %s, base %s, tool format %s)",
+        "policy server on http://%s:%d/v1 (redis %s, base %s, tool format %s, engine %s)",
         settings.host,
         settings.port,
         url,
         settings.base_model,
         tool_format_of(settings),
+        engine,
     )
     uvicorn.run(
         create_app(settings),

@@ -213,8 +213,9 @@ def completion_body(
     prompt_ids: list[int],
     finishes: list[FinishEvent],
     tool_format: ToolFormat = "hermes",
+    engine: str | None = None,
 ) -> dict[str, Any]:
-    """The non-streaming response body."""
+    """The non-streaming response body; `engine` names the numerics behind its logprobs."""
     choices = []
     for f in sorted(finishes, key=lambda f: f.index):
         message, reason = message_of(f, req.plain_tools(), tool_format)
@@ -245,6 +246,8 @@ def completion_body(
             "total_tokens": len(prompt_ids) + completion,
         },
     }
+    if engine is not None:
+        body["engine"] = engine
     if req.return_token_ids:
         body["prompt_token_ids"] = prompt_ids
     return body

@@ -265,6 +265,9 @@ class VersionManager:
             log.warning("could not mark %s broken in the registry", version)
 
     def _context(self, model: Any) -> int:
+        own = getattr(model, "context", None)  # an engine's own limit per sequence (llama.cpp)
+        if isinstance(own, int):
+            return own
         if self.context_length:
             return self.context_length
         return int(getattr(model.config, "max_position_embeddings", 2048))

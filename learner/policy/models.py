@@ -205,6 +205,18 @@ def checkpoint_problem(record: PolicyVersion) -> str | None:
     return None
 
 
+def load_version_tokenizer(record: PolicyVersion, *, cache_dir: Path) -> PreTrainedTokenizerBase:
+    """The tokenizer `load_version` would return, without loading any weights."""
+    uri, kind = record.checkpoint_uri, record.checkpoint_kind
+    if uri.startswith("base:"):
+        source = resolve_base(uri[len("base:") :], cache_dir=cache_dir)
+    elif kind == "full":
+        return _checkpoint_tokenizer(checkpoint_path(uri), record.base_model, cache_dir)
+    else:
+        source = resolve_base(record.base_model, cache_dir=cache_dir)
+    return _with_pad(AutoTokenizer.from_pretrained(source))
+
+
 def _require(folder: Path, *names: str) -> None:
     for name in names:
         if not (folder / name).is_file():
@@ -221,7 +233,10 @@ def _checkpoint_tokenizer(
 ) -> PreTrainedTokenizerBase:
     has_own = any((folder / n).is_file() for n in ("tokenizer.json", "tokenizer_config.json"))
     source = folder if has_own else resolve_base(base_model, cache_dir=cache_dir)
-    tokenizer = AutoTokenizer.from_pretrained(source)
+    return _with_pad(AutoTokenizer.from_pretrained(source))
+
+
+def _with_pad(tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer

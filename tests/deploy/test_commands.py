@@ -130,3 +130,12 @@ def test_serve_refuses_bad_settings_and_pack_names_with_a_message(arloop):
     assert secured.exit_code == 2 and "ARLOOP_SECRET_KEY is too weak" in secured.output
     stale = arloop("learn", "--once", ARLOOP_GUARD_MAX_KL="0.3")
     assert stale.exit_code == 2 and "set ARLOOP_GUARDS__MAX_KL" in stale.output
+    gpu = arloop(
+        "serve",
+        "policy",
+        ARLOOP_POLICY_ENGINE="llamacpp",
+        ARLOOP_DEVICE="cuda",
+        ARLOOP_BASE_MODEL="tiny",
+    )
+    assert gpu.exit_code == 2 and "ARLOOP_POLICY_ENGINE=llamacpp cannot run" in gpu.output
+    assert "Traceback" not in gpu.output

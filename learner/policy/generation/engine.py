@@ -24,7 +24,7 @@ from transformers.cache_utils import DynamicLayer
 from learner.policy.generation.prefix_cache import PrefixCache, cache_from_head, turn_marker
 from learner.policy.generation.rows import FinishEvent, Row, SamplingParams, TokenEvent, step
 
-__all__ = ["FinishEvent", "GenerationEngine", "Row", "SamplingParams", "TokenEvent"]
+__all__ = ["FinishEvent", "GenerationEngine", "Row", "SamplingParams", "TokenEvent", "eos_ids"]
 log = logging.getLogger(__name__)
 
 
@@ -140,7 +140,7 @@ class GenerationEngine:
         if policy is None:
             return
         m = _Model(policy.model, policy.tokenizer, set(), next(policy.model.parameters()).device)
-        m.eos = _eos_ids(m.model, m.tokenizer)
+        m.eos = eos_ids(m.model, m.tokenizer)
         m.marker = turn_marker(m.tokenizer) if self.cache_alone else ()
         joinable = _mergeable(m.model)
         batch = self._prefill(m, rows)
@@ -261,8 +261,9 @@ def _left_pad(prompts: list[list[int]], pad_id: int, device) -> tuple[torch.Tens
     return ids.to(device), attn.to(device)
 
 
-def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
+def eos_ids(model: Any, tokenizer: Any) -> set[int]:
+    """The ids that end a row: the model's generation config's eos ids and the tokenizer's."""
     configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
     ids = set(configured if isinstance(configured, list) else [configured])
     ids.add(tokenizer.eos_token_id)
-    return {i for i in ids if i is not None}
+    return {int(i) for i in ids if i is not None}

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import importlib.util
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import pytest
 import torch
 import uvicorn
 
@@ -18,9 +20,23 @@ from learner.policy.models import load_base
 from learner.policy.registry import CHAMPION, PolicyRegistry, PolicyVersion
 from tests.model_cache import MODEL_CACHE
 
+needs_llamacpp = pytest.mark.skipif(
+    importlib.util.find_spec("llama_cpp") is None,
+    reason="llama-cpp-python is not installed (`pip install 'arloop[llamacpp]'`)",
+)
+ENGINES = [
+    pytest.param("transformers", id="transformers"),
+    pytest.param("llamacpp", id="llamacpp", marks=needs_llamacpp),
+]
+"""Parametrise a server fixture or test with this to run it against both engines."""
+
 
 def tiny_settings(redis_url: str, **overrides) -> PolicyServerSettings:
-    """Settings for a tiny-model server on a free port, following the registry quickly."""
+    """Settings for a tiny-model server on a free port, following the registry quickly.
+
+    The transformers engine unless `policy_engine` says otherwise: its logprobs are exactly
+    the learner's, which the tests outside the policy server's own rely on.
+    """
     values = {
         "redis_url": redis_url,
         "base_model": "tiny",
@@ -29,6 +45,7 @@ def tiny_settings(redis_url: str, **overrides) -> PolicyServerSettings:
         "batch_window_ms": 5.0,
         "max_tokens_cap": 64,
         "threads": 1,
+        "policy_engine": "transformers",
     }
     return PolicyServerSettings(**{**values, **overrides})
 

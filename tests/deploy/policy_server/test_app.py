@@ -1,4 +1,8 @@
-"""The policy server over real HTTP: the openai SDK and litellm as clients, a real Redis."""
+"""The policy server over real HTTP: the openai SDK and litellm as clients, a real Redis.
+
+Every test runs against both engines (transformers, llama.cpp on its default F16 export); logprobs
+are compared with the learner's fp32 recompute within each engine's tolerance.
+"""
 
 import json
 import os
@@ -17,6 +21,7 @@ from learner.policy.chat_format import prompt_token_ids
 from learner.policy.models import load_base
 from learner.policy.registry import PolicyRegistry
 from tests.deploy.policy_server.support import (
+    ENGINES,
     make_full,
     publish,
     running_server,
@@ -38,6 +43,9 @@ ASK_BROKEN = [{"role": "user", "content": "Say something broken."}]
 CALL_TEXT = '<tool_call>{"name": "calculator", "arguments": {"expression": "12+30"}}</tool_call>'
 BROKEN_TEXT = 'Sorry <tool_call>{"name": calculator}</tool_call>'
 HI = [{"role": "user", "content": "hi"}]
+LOGPROB_ATOL = {"transformers": 1e-4, "llamacpp": 5e-3}
+"""Largest |served - learner's fp32| logprob: transformers computes what the learner does;
+llama.cpp serves an F16 export (weights, KV and the activations of its matmuls in 16 bits)."""
 
 
 @pytest.fixture(scope="module")
@@ -45,15 +53,22 @@ def tiny():
     return load_base("tiny", cache_dir=MODEL_CACHE)
 
 
+@pytest.fixture(scope="module", params=ENGINES)
+def engine(request) -> str:
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def server(redis_server, tmp_path_factory, tiny):
-    """One server for the module; `arloop@v1` is a tiny model taught to answer with tool calls."""
+def server(redis_server, tmp_path_factory, tiny, engine):
+    """One server per engine; `arloop@v1` is a tiny model taught to answer with tool calls."""
     client = redis.Redis.from_url(redis_server.url)
     client.flushall()
     folder = tmp_path_factory.mktemp("ckpt") / "tool-model"
     _teach_tool_calls(folder)
     publish(PolicyRegistry(client), "full", folder, champion=False)
-    settings = tiny_settings(redis_server.url, batch_window_ms=60.0, max_batch_size=8)
+    settings = tiny_settings(
+        redis_server.url, batch_window_ms=60.0, max_batch_size=8, policy_engine=engine
+    )
     with running_server(settings) as base:
         yield base
     client.close()
@@ -89,6 +104,7 @@ def test_openai_sdk_plain_completion_with_token_ids(oai, tiny):
     )
     assert r.system_fingerprint == "v0" and r.object == "chat.completion"
     body = r.model_dump()
+    assert body["engine"] in ("transformers-fp32", "llamacpp-f16")
     choice = body["choices"][0]
     assert body["prompt_token_ids"] == _server_prompt(tiny[1], HI)
     assert len(choice["token_ids"]) == r.usage.completion_tokens == 6
@@ -98,7 +114,7 @@ def test_openai_sdk_plain_completion_with_token_ids(oai, tiny):
     )
 
 
-def test_logprobs_equal_the_learners_recompute_under_concurrency(oai, server, tiny):
+def test_logprobs_equal_the_learners_recompute_under_concurrency(oai, server, tiny, engine):
     model, tok = tiny
     prompts = [
         "hi",
@@ -132,7 +148,7 @@ def test_logprobs_equal_the_learners_recompute_under_concurrency(oai, server, ti
         ref = completion_logprobs(
             model, body["prompt_token_ids"], choice["token_ids"], tok.pad_token_id
         )
-        torch.testing.assert_close(served, ref, atol=1e-4, rtol=0)
+        torch.testing.assert_close(served, ref, atol=LOGPROB_ATOL[engine], rtol=0)
         for entry in choice["logprobs"]["content"]:
             assert len(entry["top_logprobs"]) == 2
             assert entry["top_logprobs"][0]["logprob"] >= entry["logprob"] - 1e-6
@@ -293,7 +309,7 @@ def test_without_tools_the_call_text_is_just_text(oai):
     assert r.choices[0].message.tool_calls is None and r.choices[0].finish_reason != "tool_calls"
 
 
-def test_litellm_talks_to_the_server(server, tiny):
+def test_litellm_talks_to_the_server(server, tiny, engine):
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     import litellm
 
@@ -313,7 +329,8 @@ def test_litellm_talks_to_the_server(server, tiny):
     ids = r.choices[0].token_ids
     ref = completion_logprobs(tiny[0], r.prompt_token_ids, ids, tiny[1].pad_token_id)
     served = torch.tensor([e.logprob for e in r.choices[0].logprobs.content])
-    torch.testing.assert_close(served, ref, atol=1e-4, rtol=0)
+    torch.testing.assert_close(served, ref, atol=LOGPROB_ATOL[engine], rtol=0)
+    assert r.engine == {"transformers": "transformers-fp32", "llamacpp": "llamacpp-f16"}[engine]
     chunks = list(litellm.completion(**common, stream=True))
     text = "".join(c.choices[0].delta.content or "" for c in chunks)
     assert text == r.choices[0].message.content
@@ -424,3 +441,13 @@ def _shared_passes(server: str) -> float:
     text = httpx.get(server.removesuffix("/v1") + "/metrics").text
     total = _metric(text, "arloop_policy_batch_rows_count")
     return total - _metric(text, 'arloop_policy_batch_rows_bucket{le="1.0"}')
+
+
+async def test_the_agents_policy_client_records_the_engine_with_the_tokens(server, tiny, engine):
+    from agents.policy_client import PolicyClient, PolicyConfig
+
+    config = PolicyConfig(model="openai/arloop", api_base=server, api_key="none", retries=0)
+    step = await PolicyClient(config).complete(HI, arm="champion")
+    assert step.engine == {"transformers": "transformers-fp32", "llamacpp": "llamacpp-f16"}[engine]
+    assert step.prompt_token_ids == _server_prompt(tiny[1], HI)
+    assert len(step.logprobs) == len(step.completion_token_ids) > 0

@@ -1,4 +1,4 @@
-"""The policy server in the `line` tool format, over real HTTP with the openai SDK."""
+"""The policy server in the `line` tool format, over real HTTP with the openai SDK (both engines)."""
 
 import json
 
@@ -11,6 +11,7 @@ from learner.policy.chat_format import prompt_token_ids
 from learner.policy.models import load_base
 from learner.policy.registry import PolicyRegistry
 from tests.deploy.policy_server.support import (
+    ENGINES,
     make_full,
     publish,
     running_server,
@@ -45,8 +46,8 @@ def tok():
     return load_base("tiny", cache_dir=MODEL_CACHE)[1]
 
 
-@pytest.fixture(scope="module")
-def oai(redis_server, tmp_path_factory, tok):
+@pytest.fixture(scope="module", params=ENGINES)
+def oai(redis_server, tmp_path_factory, tok, request):
     """A line-format server whose v1 writes a call line, then keeps going if not stopped."""
     client = redis.Redis.from_url(redis_server.url)
     client.flushall()
@@ -57,7 +58,8 @@ def oai(redis_server, tmp_path_factory, tok):
         tmp_path_factory.mktemp("ckpt") / "line-model", seed=0, scale=0.0, model=model
     )
     publish(PolicyRegistry(client), "full", folder, champion=False)
-    with running_server(tiny_settings(redis_server.url, tool_format="line")) as base:
+    settings = tiny_settings(redis_server.url, tool_format="line", policy_engine=request.param)
+    with running_server(settings) as base:
         yield openai.OpenAI(base_url=base, api_key="none", max_retries=0)
     client.close()
 
