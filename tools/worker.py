@@ -26,6 +26,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 A = TypeVar("A")
@@ -107,6 +108,11 @@ class _Child:
 
 
 _LIVE: set[_Child] = set()
+_SPAWNER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tool-spawner")
+"""Starts every child. `PR_SET_PDEATHSIG` fires when the *thread* that forked a child ends, not
+its process: a child forked from an event loop's default executor died with that loop (each
+`asyncio.run` of the learner's replays), so calls met dead children. This thread lives as long
+as the process."""
 
 
 def _ready(fd: int, deadline: float) -> bool:
@@ -144,8 +150,10 @@ class WorkerPool:
             return value
 
     async def _start(self) -> _Child:
-        """A new child, started in a thread; one whose caller was cancelled meanwhile is killed."""
-        starting = asyncio.ensure_future(asyncio.to_thread(_Child, self._children))
+        """A new child, started by the spawner thread; one whose caller was cancelled meanwhile
+        is killed."""
+        loop = asyncio.get_running_loop()
+        starting = asyncio.ensure_future(loop.run_in_executor(_SPAWNER, _Child, self._children))
         try:
             return await asyncio.shield(starting)
         except asyncio.CancelledError:

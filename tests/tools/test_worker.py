@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 from tests.fakes.tools import Hog, NoArgs, Recurse, Spin
@@ -105,3 +106,27 @@ def test_a_child_dies_with_its_parent(tmp_path):
     finally:
         parent.kill()
         parent.stdout.close()
+
+
+def test_a_child_outlives_the_event_loop_and_the_thread_that_started_it():
+    """The learner replays tool calls in one `asyncio.run` after another, from any thread: a
+    child started in one loop serves the next (it once died with the loop's executor thread,
+    and every replayed calculator call failed)."""
+    pool = WorkerPool(size=1)
+
+    def once() -> str:
+        async def call() -> str:
+            return await pool.run(Calculator.compute, Calculator.Args(expression="6*7"), 10.0)
+
+        return asyncio.run(call())
+
+    answers: list[str] = []
+    starter = threading.Thread(target=lambda: answers.append(once()))
+    starter.start()
+    starter.join()
+    (pid,) = pool.pids()
+    time.sleep(0.5)  # a child tied to the ended thread is SIGKILLed at once
+    assert _alive(pid), "the worker died with the thread that started it"
+    answers.append(once())
+    assert answers == ["42", "42"]
+    assert pool.pids() == [pid], "the second loop reused the first loop's child"
