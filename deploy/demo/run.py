@@ -60,7 +60,7 @@ class DemoOptions:
     """Runs (visits) per round; `group` users bring the same problem."""
     group: int = 4
     eval_size: int = 480
-    """Held-out problems the gate draws from (its looks: up to 120 of them, sampled 8 times)."""
+    """Held-out problems the gate draws from (its looks: up to 72 of them, sampled 8 times)."""
     model: str = "smollm2"
     pack: str = "tutoring"
     """The pack whose agents the users talk to and the gate judges: `tutoring` (students) or
@@ -118,6 +118,9 @@ def stack_env(opts: DemoOptions, policy_url: str) -> dict[str, dict[str, str]]:
             "ARLOOP_MAX_TOKENS_CAP": str(opts.max_tokens),
             "ARLOOP_RELOAD_POLL_S": "1",
             "ARLOOP_TOOL_FORMAT": sampling["ARLOOP_TOOL_FORMAT"],
+            # llama.cpp's threads spin: the demo's phases take turns, so both cores are free
+            # while it decodes (traffic, the gate) and it is idle while the learner trains
+            "ARLOOP_LLAMACPP_THREADS": threads,
         },
         "agents": {
             "ARLOOP_PACKS": f'["{opts.pack}"]',
@@ -150,6 +153,13 @@ def stack_env(opts: DemoOptions, policy_url: str) -> dict[str, dict[str, str]]:
             "ARLOOP_EVAL_CONCURRENCY": str(max(opts.users, 1)),
             "ARLOOP_CANARY__ENABLED": "false",
             "ARLOOP_GATE__OPE_MAX_RUNS": "64",
+            # a smaller gate than `arloop learn`'s (looks at 40/80/120 tasks, 40 whole runs, 24
+            # guard runs), sized for the demo's minutes: a truly equal candidate still passes
+            # about 85 % of the time, a 10-point better one shows "improved" 99 %
+            # (tests/learner/gate/test_sequential.py simulates both)
+            "ARLOOP_GATE__LOOKS": "[24,48,72]",
+            "ARLOOP_GATE__FULL_TASKS": "24",
+            "ARLOOP_GATE__GUARD_TASKS": "16",
             "ARLOOP_ROUND__TRAIN_AFTER_TOOL": "false",  # the tutor's answer turn copies the calculator
         },
     }

@@ -16,7 +16,8 @@ from learner.gate.sequential import (
     sequential_test,
 )
 
-LOOKS = (40, 80, 120)
+LOOKS = (40, 80, 120)  # `arloop learn`'s default (GateConfig)
+DEMO_LOOKS = (24, 48, 72)  # `arloop demo`'s (deploy/demo/run.py)
 K = 8  # samples per task
 RUNS = 2000
 
@@ -28,7 +29,7 @@ def test_boundaries_match_the_published_lan_demets_obrien_fleming_values():
     assert obf_spending(0.05, 1.0) == pytest.approx(0.05)
 
 
-def _streams(effect: float, seed: int, runs: int = RUNS, coupling: float = 0.5):
+def _streams(effect: float, seed: int, runs: int = RUNS, coupling: float = 0.5, n: int = 120):
     """(runs, tasks, K) outcomes of both versions. Four task kinds in draw order (interleaved):
     the champion solves two weak kinds ~25 % and two strong ones ~80 % of the time, task by
     task around that (Beta); the candidate differs by 2 * effect on the weak kinds only (the
@@ -36,7 +37,6 @@ def _streams(effect: float, seed: int, runs: int = RUNS, coupling: float = 0.5):
     mean change over tasks. A sample shares its random draw with the other version's same-seed
     sample with probability `coupling` (seeds couple, different weights decouple)."""
     rng = np.random.default_rng(seed)
-    n = LOOKS[-1]
     weak = (np.arange(n) % 4) < 2  # (n,)
     p = np.where(weak, rng.beta(2.5, 7.5, (runs, n)), rng.beta(8, 2, (runs, n)))  # (R, n)
     q = np.clip(p + np.where(weak, 2 * effect, 0.0), 0.0, 1.0)  # (R, n)
@@ -46,9 +46,9 @@ def _streams(effect: float, seed: int, runs: int = RUNS, coupling: float = 0.5):
     return (u < p[..., None]).astype(int), (v < q[..., None]).astype(int)
 
 
-def _rates(effect: float, seed: int) -> dict[str, float]:
-    champion, candidate = _streams(effect, seed)
-    results = [sequential_test(a, b, LOOKS) for a, b in zip(champion, candidate, strict=True)]
+def _rates(effect: float, seed: int, looks: tuple[int, ...] = LOOKS) -> dict[str, float]:
+    champion, candidate = _streams(effect, seed, n=looks[-1])
+    results = [sequential_test(a, b, looks) for a, b in zip(champion, candidate, strict=True)]
     return {
         "not worse": np.mean([r.not_worse == NOT_WORSE for r in results]),
         "improved": np.mean([r.improved == IMPROVED for r in results]),
@@ -56,14 +56,15 @@ def _rates(effect: float, seed: int) -> dict[str, float]:
     }
 
 
-def test_error_rates_and_power_over_synthetic_outcome_streams():
-    null, worse, better = _rates(0.0, seed=1), _rates(-0.10, seed=2), _rates(0.10, seed=3)
-    print(f"\nno effect: {null}\ntrue -10: {worse}\ntrue +10: {better}")
+@pytest.mark.parametrize("looks", [LOOKS, DEMO_LOOKS], ids=["learn", "demo"])
+def test_error_rates_and_power_over_synthetic_outcome_streams(looks):
+    null, worse, better = (_rates(e, seed, looks) for e, seed in ((0.0, 1), (-0.10, 2), (0.10, 3)))
+    print(f"\nlooks {looks}\nno effect: {null}\ntrue -10: {worse}\ntrue +10: {better}")
     assert null["improved"] <= 0.05  # type I error of "improved"
     assert worse["not worse"] <= 0.05  # a 10-point regression is not released
     assert better["improved"] >= 0.8  # power at a true +10
     assert null["not worse"] >= 0.8  # an equal candidate usually releases
-    assert null["tasks"] < LOOKS[-1]  # and the looks stop early on average
+    assert null["tasks"] < looks[-1]  # and the looks stop early on average
 
 
 def test_a_clear_gain_stops_at_the_first_look_with_an_interval_above_zero():
