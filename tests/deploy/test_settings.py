@@ -9,8 +9,9 @@ from pydantic import BaseModel, ValidationError
 
 from deploy.learn.settings import RENAMED, LearnerSettings
 from deploy.settings import DEV_SECRET, AgentApiSettings, PolicyServerSettings
+from deploy.vllm_sync.settings import VllmSyncSettings
 
-PROCESSES = [AgentApiSettings, PolicyServerSettings, LearnerSettings]
+PROCESSES = [AgentApiSettings, PolicyServerSettings, LearnerSettings, VllmSyncSettings]
 SECRET = "s" * 40
 
 
