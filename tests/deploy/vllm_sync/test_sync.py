@@ -248,3 +248,45 @@ def test_the_loop_loads_a_version_at_the_registrys_notice_not_the_next_poll(worl
     stop.set()
     loop.join(timeout=5)
     assert not loop.is_alive(), "the loop did not stop within 5 s of its stop event"
+
+
+def test_the_sync_runs_as_its_own_redis_user_of_the_shipped_acl(world, tmp_path):
+    import redis
+
+    from deploy.embedded_redis import free_port, start_redis
+    from deploy.vllm_sync.sync import VllmSync
+    from learner.policy.registry import PolicyRegistry
+    from tests.deploy.manifests.test_redis_users import USERS, _write_acl
+
+    passwords = {u: f"{u}-" + "k9Xq2" * 8 for u in USERS}
+    assert _write_acl(passwords, tmp_path / "users").returncode == 0
+    port = free_port()
+
+    def url(user: str) -> str:
+        return f"redis://arloop-{user}:{passwords[user]}@127.0.0.1:{port}/0"
+
+    learner_url = url("learner")
+    server = start_redis(
+        tmp_path / "data",
+        port,
+        extra=["--aclfile", str(tmp_path / "users" / "users.acl")],
+        ready_url=learner_url,
+    )
+    try:
+        learner = redis.Redis.from_url(learner_url)
+        registry = PolicyRegistry(learner)
+        registry.ensure_base("tiny")
+        as_sync = redis.Redis.from_url(url("vllm-sync"))
+        sync = VllmSync(as_sync, world.sync.vllm, route_name="arloop", clock=world.clock)
+        world.registry, world.sync = registry, sync
+        v1 = world.publish(seed=1)
+        record = sync.step()
+        assert record.status == "ok" and record.serving["champion"] == v1
+        as_agents = redis.Redis.from_url(url("agents"))
+        assert read_record(as_agents, "arloop").routes == record.routes  # agents may read it
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            as_sync.hset("arloop:policy:aliases", "champion", "v0")  # but never move an alias
+        for client in (learner, as_sync, as_agents):
+            client.close()
+    finally:
+        server.stop()
