@@ -112,6 +112,7 @@ def check_command() -> None:
 def serve(*, once: bool = False) -> None:
     settings = VllmSyncSettings()
     setup_logging("vllm_sync", settings.log_level, settings.log_format)
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per request: polls are many
     stop = threading.Event()
     try:
         run(settings, stop, once=once)
