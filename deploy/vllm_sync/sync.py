@@ -29,7 +29,13 @@ from deploy.vllm_sync.record import (
 )
 from deploy.vllm_sync.vllm_api import Card, VllmApi, VllmDown, VllmRefused
 from learner.policy.models import checkpoint_path, checkpoint_problem
-from learner.policy.registry import CANDIDATE, CHAMPION, PolicyRegistry, PolicyVersion
+from learner.policy.registry import (
+    CANDIDATE,
+    CHAMPION,
+    PolicyRegistry,
+    PolicyVersion,
+    UnknownVersion,
+)
 
 log = logging.getLogger("arloop.vllm_sync")
 ALIASES = (CHAMPION, CANDIDATE)
@@ -115,7 +121,7 @@ class VllmSync:
                 continue
             try:
                 name, digest = self._deliver(self.registry.get(version), listed, record)
-            except (Undeliverable, VllmDown, VllmRefused) as exc:
+            except (Undeliverable, UnknownVersion, VllmDown, VllmRefused) as exc:
                 record.problems.append(f"{alias} {version} not delivered: {exc}")
                 self._keep_last_good(alias, previous, listed, record)
                 continue

@@ -52,8 +52,12 @@ class VllmApi:
 
     def models(self) -> dict[str, Card]:
         """What vLLM serves, by model id: the base model(s) and every loaded adapter."""
-        body = self._call("GET", "/v1/models").json()
-        return {c["id"]: Card(c.get("root"), c.get("parent")) for c in body.get("data", [])}
+        response = self._call("GET", "/v1/models")
+        try:
+            cards = response.json()["data"]
+            return {c["id"]: Card(c.get("root"), c.get("parent")) for c in cards}
+        except (ValueError, KeyError, TypeError) as exc:  # not vLLM's model list
+            raise VllmRefused(response.status_code, f"not a model list: {exc!r}") from exc
 
     def load(self, name: str, path: str) -> None:
         """Load the LoRA adapter at `path` (as vLLM's filesystem sees it) under `name`."""

@@ -6,6 +6,9 @@ so, and the delivery check catches what was never delivered."""
 from __future__ import annotations
 
 import pytest
+from starlette.applications import Starlette
+from starlette.responses import PlainTextResponse
+from starlette.routing import Route
 
 from deploy.policy_server.heartbeat import checkpoint_digest
 from deploy.vllm_sync.check import delivery_check
@@ -14,6 +17,7 @@ from deploy.vllm_sync.vllm_api import VllmApi
 from learner.policy.registry import CANDIDATE, CHAMPION
 from tests.deploy.policy_server.support import make_lora
 from tests.deploy.vllm_sync.conftest import DRAIN_S
+from tests.fakes.servers import ServerThread
 
 
 def _check(world):
@@ -290,3 +294,17 @@ def test_the_sync_runs_as_its_own_redis_user_of_the_shipped_acl(world, tmp_path)
             client.close()
     finally:
         server.stop()
+
+
+def test_an_alias_naming_a_missing_version_or_a_foreign_server_never_stops_the_sync(world):
+    v1 = world.publish(seed=1)
+    world.sync.step()
+    world.sync.client.hset("arloop:policy:aliases", "candidate", "v99")  # a rewound registry
+    record = world.sync.step()
+    assert record.routes[CHAMPION] == world.adapter(v1) and "candidate v99" in record.problems[0]
+    world.server.stop()
+    other = Starlette(routes=[Route("/v1/models", lambda request: PlainTextResponse("hello"))])
+    world.server = ServerThread(other, port=world.server.port).start()
+    record = world.sync.step()  # something else answers on vLLM's port: no model list
+    assert record.status == "down" and "not a model list" in record.problems[0]
+    assert record.routes[CHAMPION] == world.adapter(v1)
