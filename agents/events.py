@@ -46,6 +46,12 @@ def serving_key(instance: str) -> str:
     return f"{SERVING_PREFIX}:{instance}"
 
 
+def vllm_routes_key(route_name: str) -> str:
+    """`arloop serve vllm-sync`'s record for one vLLM (a heartbeat-shaped serving report plus
+    alias -> adapter routes), read by the agents that call `hosted_vllm/<route_name>`."""
+    return serving_key(f"vllm:{route_name}")
+
+
 def new_id(prefix: str) -> str:
     """A sortable-enough unique id with a readable prefix."""
     return f"{prefix}_{uuid.uuid4().hex}"

@@ -14,6 +14,7 @@ import redis
 import redis.asyncio as aioredis
 from langchain_core.messages import RemoveMessage
 
+from agents.adapter_routes import policy_client
 from agents.checkpoints import make_checkpointer
 from agents.errors import ArloopError
 from agents.events import AnswerPath, ModelStep, RunStatus, TrajectoryEvent, new_id
@@ -154,7 +155,7 @@ class AgentRuntime:
         )
         return cls(
             specs,
-            policy=PolicyClient(policy),
+            policy=policy_client(policy, client),  # vLLM adapters or the plain client
             threads=threads,
             sink=TrajectorySink(client, scrub),
             checkpointer=make_checkpointer(client, thread_ttl_s),

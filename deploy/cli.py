@@ -21,7 +21,8 @@ app = typer.Typer(
     rich_markup_mode="markdown",  # docstrings wrap as paragraphs
 )
 serve_app = typer.Typer(
-    help="Run a serving process (agent API or policy server).", rich_markup_mode="markdown"
+    help="Run a serving process (agent API, policy server, or the vLLM sync).",
+    rich_markup_mode="markdown",
 )
 policy_app = typer.Typer(
     help="Inspect and move policy versions in the registry.", rich_markup_mode="markdown"
@@ -64,6 +65,30 @@ def serve_policy() -> None:
     from deploy.policy_server.engines import EngineUnavailable
 
     _serve("serve policy", serve, EngineUnavailable)
+
+
+@serve_app.command("vllm-sync")
+def serve_vllm_sync(
+    check: bool = typer.Option(
+        False,
+        "--check",
+        help="Compare what vLLM serves with the registry, print it, exit 1 on a gap.",
+    ),
+    once: bool = typer.Option(False, "--once", help="One pass, then exit."),
+) -> None:
+    """Keep a running `vllm serve --enable-lora` (VLLM_ALLOW_RUNTIME_LORA_UPDATING=True) serving
+    the registry's champion and candidate: each published LoRA version is loaded under a new
+    adapter name, versions no alias uses are unloaded after a drain grace, and the routes the
+    agents call (ARLOOP_POLICY_MODEL=hosted_vllm/<ARLOOP_VLLM_ROUTE_NAME>) are written to Redis
+    with the digest vLLM serves (ARLOOP_VLLM_URL, ARLOOP_VLLM_ROUTE_NAME, ARLOOP_VLLM_BASE_NAME,
+    ARLOOP_VLLM_PATH_MAP, ARLOOP_VLLM_DRAIN_S, ARLOOP_REDIS_URL; all in
+    deploy/vllm_sync/settings.py)."""
+    from deploy.vllm_sync.app import check_command, serve
+
+    if check:
+        _serve("serve vllm-sync --check", check_command)
+    else:
+        _serve("serve vllm-sync", lambda: serve(once=once))
 
 
 @app.command("learn")

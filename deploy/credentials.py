@@ -30,6 +30,8 @@ USER = r"^[A-Za-z0-9_.@+-]{1,128}$"
 KEY_MIN_CHARS, KEY_MIN_BITS = 24, 96
 SECRET_MIN_CHARS, SECRET_MIN_BITS = 32, 128
 HOW_TO_MAKE_ONE = "python -c 'import secrets; print(secrets.token_urlsafe(32))'"
+DEVELOPMENT_PREFIX = "arloop-development-"
+"""Values that start so are the manifests' development placeholders: refused in production."""
 
 
 class Identity(StrEnum):
@@ -97,6 +99,14 @@ def weakness(value: str, min_chars: int, min_bits: int) -> str | None:
     if bits < min_bits:
         return f"it carries about {bits:.0f} bits of entropy, fewer than {min_bits}"
     return None
+
+
+def redis_password_weakness(password: str) -> str | None:
+    """Why a production process must not use this Redis password, or None: a development
+    placeholder, or weaker than an API key must be."""
+    if password.startswith(DEVELOPMENT_PREFIX):
+        return "the development value of the manifests' Secret"
+    return weakness(password, KEY_MIN_CHARS, KEY_MIN_BITS)
 
 
 # -- signed user tokens (identity `signed`) -------------------------------------------------

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 from typing import Any, ClassVar, Literal
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
@@ -33,6 +33,7 @@ from deploy.credentials import (
     ApiKey,
     Identity,
     plain_key,
+    redis_password_weakness,
     weakness,
 )
 
@@ -99,6 +100,16 @@ class CommonSettings(BaseSettings):
                 "that Redis could move the champion alias. Give it a user and password "
                 "(redis://<user>:<password>@host:6379/0, or ARLOOP_REDIS_USERNAME and "
                 "ARLOOP_REDIS_PASSWORD); deploy/manifests/redis-acl.conf has one user per process"
+            )
+        password = self.redis_password or SecretStr(
+            unquote(urlsplit(self.redis_url).password or "")
+        )
+        why = redis_password_weakness(password.get_secret_value())
+        if why:
+            raise ValueError(
+                f"the Redis password (ARLOOP_REDIS_PASSWORD, else ARLOOP_REDIS_URL's) is too weak "
+                f"for production ({why}): give the process's Redis user a random one, e.g. "
+                f"`{HOW_TO_MAKE_ONE}`"
             )
         host = getattr(self, "host", None)
         if host in EVERY_INTERFACE:

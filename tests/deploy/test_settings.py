@@ -9,8 +9,9 @@ from pydantic import BaseModel, ValidationError
 
 from deploy.learn.settings import RENAMED, LearnerSettings
 from deploy.settings import DEV_SECRET, AgentApiSettings, PolicyServerSettings
+from deploy.vllm_sync.settings import VllmSyncSettings
 
-PROCESSES = [AgentApiSettings, PolicyServerSettings, LearnerSettings]
+PROCESSES = [AgentApiSettings, PolicyServerSettings, LearnerSettings, VllmSyncSettings]
 SECRET = "s" * 40
 
 
@@ -114,6 +115,11 @@ PRODUCTION = {
     [
         ({"redis_url": None}, "ARLOOP_REDIS_URL must be set in production"),
         ({"redis_url": "redis://10.0.0.5:6379/0"}, "has no credentials"),
+        (
+            {"redis_url": "redis://arloop-agents:arloop-development-redis-agents-password@r:6379"},
+            "Redis password .* too weak for production .*development value",
+        ),
+        ({"redis_url": "redis://arloop-agents:short@r:6379/0"}, "Redis password .*fewer than 24"),
         ({"secret_key": DEV_SECRET}, "ARLOOP_SECRET_KEY is too weak.*development value"),
         ({"secret_key": "short"}, "ARLOOP_SECRET_KEY is too weak.*fewer than 32"),
         ({"secret_key": "a" * 64}, "ARLOOP_SECRET_KEY is too weak.*0 bits of entropy"),

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from pydantic import ValidationError
 
 from deploy.settings import AgentApiSettings
 from tests.deploy.manifests.support import (
@@ -59,34 +60,33 @@ def test_compose_file_is_valid_against_the_compose_specification(tmp_path):
     assert refused.returncode != 0 and "start_perod" in refused.stdout
 
 
-def test_each_process_gets_only_variables_it_reads(compose, monkeypatch):
-    for name in ARLOOP_SERVICES:
-        service = compose["services"][name]
-        cls = settings_class(service["command"])
-        env = {**service["environment"], **{s: "x" for s in service.get("secrets", [])}}
-        assert unread_variables(cls, env) == [], name
-        if cls is not AgentApiSettings:  # its secrets come from files: the next test
-            settings = build_settings(cls, service["environment"], monkeypatch)
-            assert settings.redis_url == "redis://redis:6379/0" and settings.env == "production"
+def _secret_targets(service: dict) -> dict[str, str]:
+    """File name under /run/secrets -> the secret it holds, for a service's `secrets`."""
+    out = {}
+    for entry in service.get("secrets", []):
+        source = entry if isinstance(entry, str) else entry["source"]
+        target = source if isinstance(entry, str) else entry.get("target", source)
+        out[target] = source
+    return out
 
 
-def test_the_agent_api_gets_its_secrets_from_files_through_the_entrypoint(
-    compose, monkeypatch, tmp_path
-):
-    service = compose["services"]["agents"]
-    files = {
-        "ARLOOP_SECRET_KEY": secrets.token_hex(32) + "\n",
-        "ARLOOP_API_KEYS": json.dumps([secrets.token_urlsafe(24)]) + "\n",
+def _strong_secrets() -> dict[str, str]:
+    """A value per secret, as the compose file's header tells people to make them."""
+    values = {
+        "ARLOOP_SECRET_KEY": secrets.token_hex(32),
+        "ARLOOP_API_KEYS": json.dumps([secrets.token_urlsafe(24)]),
     }
-    assert sorted(service["secrets"]) == sorted(files)
-    for name, value in files.items():
-        source = compose["secrets"][name]["file"]
-        assert (MANIFESTS / source).parent == MANIFESTS / "secrets"
-        ignored = subprocess.run(
-            ["git", "check-ignore", "-q", str(MANIFESTS / source)], cwd=ROOT, check=False
-        )
-        assert ignored.returncode == 0, f"{source} must be ignored by git"
-        (tmp_path / name).write_text(value)  # as compose mounts it: /run/secrets/<name>
+    for user in ("agents", "learner", "policy", "vllm-sync"):
+        values[f"redis-{user}"] = secrets.token_urlsafe(32)
+    return values
+
+
+def _environment_seen(service: dict, values: dict[str, str], folder: Path) -> dict[str, str]:
+    """The ARLOOP_* variables the process gets: its environment, then the image's entrypoint
+    reading its secrets as compose mounts them (/run/secrets/<target>, with a newline)."""
+    folder.mkdir()
+    for target, source in _secret_targets(service).items():
+        (folder / target).write_text(values[source] + "\n")
     env = {k: str(v) for k, v in service["environment"].items()}
     shown = subprocess.run(
         [
@@ -96,16 +96,63 @@ def test_the_agent_api_gets_its_secrets_from_files_through_the_entrypoint(
             "-c",
             "import json, os; print(json.dumps(dict(os.environ)))",
         ],
-        env={**env, "SECRETS_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"},
+        env={**env, "SECRETS_DIR": str(folder), "PATH": "/usr/bin:/bin"},
         capture_output=True,
         text=True,
         check=True,
     )
-    seen = {k: v for k, v in json.loads(shown.stdout).items() if k.startswith("ARLOOP_")}
+    return {k: v for k, v in json.loads(shown.stdout).items() if k.startswith("ARLOOP_")}
+
+
+def test_each_process_gets_only_variables_it_reads(compose, monkeypatch, tmp_path):
+    values = _strong_secrets()
+    for name in ARLOOP_SERVICES:
+        service = compose["services"][name]
+        cls = settings_class(service["command"])
+        env = {**service["environment"], **dict.fromkeys(_secret_targets(service), "x")}
+        assert unread_variables(cls, env) == [], name
+        seen = _environment_seen(service, values, tmp_path / name)
+        settings = build_settings(cls, seen, monkeypatch)
+        assert settings.redis_url == "redis://redis:6379/0" and settings.env == "production"
+        assert settings.redis_username == f"arloop-{name}"
+        user = settings.redis_username.removeprefix("arloop-")
+        assert settings.redis_password.get_secret_value() == values[f"redis-{user}"], name
+
+
+def test_each_process_refuses_a_weak_or_missing_redis_password(compose, monkeypatch, tmp_path):
+    for name in ARLOOP_SERVICES:
+        service = compose["services"][name]
+        cls = settings_class(service["command"])
+        weak = _strong_secrets() | {f"redis-{name}": "redis-password"}
+        seen = _environment_seen(service, weak, tmp_path / name)
+        with pytest.raises(ValidationError, match="Redis password .*too weak"):
+            build_settings(cls, seen, monkeypatch)
+        seen.pop("ARLOOP_REDIS_PASSWORD")  # the secret file was not written
+        with pytest.raises(ValidationError, match="has no credentials"):
+            build_settings(cls, seen, monkeypatch)
+
+
+def test_the_agent_api_gets_its_secrets_from_files_through_the_entrypoint(
+    compose, monkeypatch, tmp_path
+):
+    service = compose["services"]["agents"]
+    values = _strong_secrets()
+    assert sorted(_secret_targets(service)) == [
+        "ARLOOP_API_KEYS",
+        "ARLOOP_REDIS_PASSWORD",
+        "ARLOOP_SECRET_KEY",
+    ]
+    for source in compose["secrets"]:
+        path = MANIFESTS / compose["secrets"][source]["file"]
+        assert path.parent == MANIFESTS / "secrets"
+        ignored = subprocess.run(["git", "check-ignore", "-q", str(path)], cwd=ROOT, check=False)
+        assert ignored.returncode == 0, f"{path} must be ignored by git"
+    seen = _environment_seen(service, values, tmp_path / "secrets")
     settings = build_settings(AgentApiSettings, seen, monkeypatch)
     assert settings.env == "production"
-    assert settings.secret_key == files["ARLOOP_SECRET_KEY"].strip()
-    assert settings.api_keys == json.loads(files["ARLOOP_API_KEYS"])
+    assert settings.secret_key == values["ARLOOP_SECRET_KEY"]
+    keys = [k.key.get_secret_value() for k in settings.api_keys]
+    assert keys == json.loads(values["ARLOOP_API_KEYS"])
 
 
 class _Health(BaseHTTPRequestHandler):
@@ -158,10 +205,25 @@ def test_checkpoints_are_shared_at_the_path_the_registry_names(compose):
     assert len(bases) == 1
 
 
-def test_redis_runs_on_deploy_manifests_redis_conf(compose):
+def test_redis_runs_on_deploy_manifests_redis_conf_with_the_acl_file_written_first(compose):
     redis = compose["services"]["redis"]
     (mount,) = [v for v in redis["volumes"] if v.startswith("./redis.conf:")]
-    assert redis["command"] == ["redis-server", mount.split(":")[1]]
+    (acl_mount,) = [v for v in redis["volumes"] if v.startswith("redis-acl:")]
+    acl_folder = acl_mount.split(":")[1]
+    assert redis["command"] == [
+        "redis-server",
+        mount.split(":")[1],
+        "--aclfile",
+        f"{acl_folder}/users.acl",
+    ]
+    writer = compose["services"]["redis-acl"]
+    assert redis["depends_on"]["redis-acl"]["condition"] == "service_completed_successfully"
+    assert writer["command"][-1] == f"{acl_folder}/users.acl"
+    assert f"redis-acl:{acl_folder}" in writer["volumes"]
+    users = {t: compose["secrets"][s]["file"] for t, s in _secret_targets(writer).items()}
+    assert users == {
+        u: f"./secrets/redis-{u}" for u in ("agents", "learner", "policy", "vllm-sync")
+    }
     for name in ARLOOP_SERVICES:
         url = compose["services"][name]["environment"]["ARLOOP_REDIS_URL"]
         assert url.startswith("redis://redis:6379/")

@@ -5,6 +5,8 @@ schema cannot see: the variables each process reads, ports, probes, volumes, sel
 from __future__ import annotations
 
 import copy
+import json
+import secrets
 from urllib.parse import urlparse
 
 import kubernetes_validate
@@ -43,6 +45,7 @@ EXPECTED = {
     ("Service", "arloop-redis"),
     ("PodDisruptionBudget", "arloop-agent-api"),
     ("Secret", "arloop-secrets"),
+    ("Secret", "arloop-redis-users"),
     ("PersistentVolumeClaim", "arloop-data"),
 }
 
@@ -80,43 +83,86 @@ def test_the_schema_validation_refuses_a_misspelt_field(overlay):
         kubernetes_validate.validate(broken, KUBERNETES_VERSIONS[-1], strict=True)
 
 
+def _with_real_secrets(docs: list[dict]) -> list[dict]:
+    """The rendered resources with the placeholder Secrets replaced, as an operator must."""
+    docs = copy.deepcopy(docs)
+    objects = by_id(docs)
+    objects["Secret", "arloop-secrets"]["stringData"] = {
+        "ARLOOP_SECRET_KEY": secrets.token_hex(32),
+        "ARLOOP_API_KEYS": json.dumps([secrets.token_urlsafe(24)]),
+    }
+    users = objects["Secret", "arloop-redis-users"]["stringData"]
+    for user in users:
+        users[user] = secrets.token_urlsafe(32)
+    return docs
+
+
 def test_each_process_gets_only_variables_it_reads_and_its_settings_accept_them(
     overlay, monkeypatch
 ):
     name, docs = overlay
+    if name == "gpu":  # production: the placeholders are refused (the next test)
+        docs = _with_real_secrets(docs)
     seen = set()
     for workload, container in arloop_containers(docs):
         cls = settings_class(container["args"])
         seen.add(cls)
         env = container_env(docs, container)
         assert unread_variables(cls, env) == [], f"{workload['metadata']['name']} in {name}"
-        if cls is AgentApiSettings and name == "gpu":
-            continue  # production with the placeholder secrets: the next test
-        assert build_settings(cls, env, monkeypatch).redis_url == env["ARLOOP_REDIS_URL"]
+        settings = build_settings(cls, env, monkeypatch)
+        assert settings.redis_url == env["ARLOOP_REDIS_URL"]
+        user = settings.redis_username.removeprefix("arloop-")
+        password = by_id(docs)["Secret", "arloop-redis-users"]["stringData"][user]
+        assert settings.redis_password.get_secret_value() == password
     assert seen == set(PORTS)
+
+
+def test_each_process_has_its_own_redis_user():
+    docs = render(K8S / "overlays" / "gpu")
+    users = [container_env(docs, c)["ARLOOP_REDIS_USERNAME"] for _, c in arloop_containers(docs)]
+    assert sorted(users) == ["arloop-agents", "arloop-learner", "arloop-policy"]
+    acl = (MANIFESTS / "redis-acl.conf").read_text()
+    for user in users:
+        assert f"user {user} on ><{user.removeprefix('arloop-')}-password> " in acl
 
 
 def test_production_refuses_the_placeholder_secrets_until_they_are_replaced(monkeypatch):
     docs = render(K8S / "overlays" / "gpu")
+    real = by_id(_with_real_secrets(docs))
+    for _, container in arloop_containers(docs):
+        env = container_env(docs, container)
+        assert env["ARLOOP_ENV"] == "production"
+        with pytest.raises(ValidationError, match="Redis password .*development value"):
+            build_settings(settings_class(container["args"]), env, monkeypatch)
     (container,) = [c for _, c in arloop_containers(docs) if c["args"][-1] == "agents"]
-    env = container_env(docs, container)
-    assert env["ARLOOP_ENV"] == "production"
-    with pytest.raises(ValidationError, match="ARLOOP_SECRET_KEY"):
-        build_settings(AgentApiSettings, env, monkeypatch)
     secret = by_id(docs)["Secret", "arloop-secrets"]["stringData"]
-    secret["ARLOOP_SECRET_KEY"] = "f" * 64
+    by_id(docs)["Secret", "arloop-redis-users"].update(real["Secret", "arloop-redis-users"])
+    with pytest.raises(ValidationError, match="ARLOOP_SECRET_KEY"):
+        build_settings(AgentApiSettings, container_env(docs, container), monkeypatch)
+    secret["ARLOOP_SECRET_KEY"] = "f" * 64  # long, but no entropy
+    with pytest.raises(ValidationError, match="ARLOOP_SECRET_KEY.*bits of entropy"):
+        build_settings(AgentApiSettings, container_env(docs, container), monkeypatch)
+    secret["ARLOOP_SECRET_KEY"] = real["Secret", "arloop-secrets"]["stringData"][
+        "ARLOOP_SECRET_KEY"
+    ]
     with pytest.raises(ValidationError, match="ARLOOP_API_KEYS"):
         build_settings(AgentApiSettings, container_env(docs, container), monkeypatch)
-    secret["ARLOOP_API_KEYS"] = '["k-0123456789abcdef"]'
+    secret["ARLOOP_API_KEYS"] = '["k-0123456789abcdef"]'  # 18 characters: too short
+    with pytest.raises(ValidationError, match="ARLOOP_API_KEYS"):
+        build_settings(AgentApiSettings, container_env(docs, container), monkeypatch)
+    key = secrets.token_urlsafe(24)
+    secret["ARLOOP_API_KEYS"] = json.dumps([key])
     settings = build_settings(AgentApiSettings, container_env(docs, container), monkeypatch)
-    assert settings.api_keys == ["k-0123456789abcdef"] and settings.secret_key == "f" * 64
+    assert [k.key.get_secret_value() for k in settings.api_keys] == [key]
+    assert settings.secret_key == secret["ARLOOP_SECRET_KEY"]
 
 
 def test_the_laptop_overlay_runs_in_development_with_the_development_secrets(monkeypatch):
     docs = render(K8S / "overlays" / "cpu-laptop")
     (container,) = [c for _, c in arloop_containers(docs) if c["args"][-1] == "agents"]
     settings = build_settings(AgentApiSettings, container_env(docs, container), monkeypatch)
-    assert settings.env == "development" and settings.api_keys == ["dev-key"]
+    assert settings.env == "development"
+    assert [k.key.get_secret_value() for k in settings.api_keys] == ["dev-key"]
 
 
 def test_probes_ports_and_services_meet_each_process(overlay, monkeypatch):
@@ -224,11 +270,29 @@ def test_resources_security_and_images(overlay):
     assert (device, gpus) == (("cuda", 1) if name == "gpu" else ("cpu", None))
 
 
-def test_the_redis_config_map_is_deploy_manifests_redis_conf():
+def test_the_redis_config_map_holds_the_manifests_files_and_redis_loads_the_acl():
     docs = render(K8S / "redis")
-    conf = by_id(docs)["ConfigMap", "arloop-redis-config"]["data"]["redis.conf"]
-    assert conf == (MANIFESTS / "redis.conf").read_text()
+    data = by_id(docs)["ConfigMap", "arloop-redis-config"]["data"]
+    for name in ("redis.conf", "redis-acl.conf", "redis-acl.sh"):
+        assert data[name] == (MANIFESTS / name).read_text(), name
     redis = by_id(docs)["StatefulSet", "arloop-redis"]["spec"]["template"]["spec"]
     (container,) = redis["containers"]
-    (mount,) = [m for m in container["volumeMounts"] if m["name"] == "config"]
-    assert container["args"] == ["redis-server", f"{mount['mountPath']}/redis.conf"]
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    acl_file = f"{mounts['acl']}/users.acl"
+    assert container["args"] == [
+        "redis-server",
+        f"{mounts['config']}/redis.conf",
+        "--aclfile",
+        acl_file,
+    ]
+    (init,) = redis["initContainers"]
+    init_mounts = {m["name"]: m["mountPath"] for m in init["volumeMounts"]}
+    assert init["command"] == ["sh", f"{init_mounts['config']}/redis-acl.sh"]
+    assert init["args"] == [
+        f"{init_mounts['config']}/redis-acl.conf",
+        init_mounts["users"],
+        acl_file,
+    ]
+    volumes = {v["name"]: v for v in redis["volumes"]}
+    assert volumes["users"]["secret"]["secretName"] == "arloop-redis-users"
+    assert "emptyDir" in volumes["acl"]  # hashes only, and never on the data volume
