@@ -50,12 +50,14 @@ def _serve(command: str, serve: Callable[[], None], *refused: type[Exception]) -
 @serve_app.command("agents")
 def serve_agents() -> None:
     """Serve the agent API (ARLOOP_HOST, ARLOOP_PORT, ARLOOP_API_KEYS, ARLOOP_SECRET_KEY,
-    ARLOOP_PACKS, ARLOOP_POLICY_API_BASE, ARLOOP_POLICY_MODEL, ARLOOP_CANARY_SHARE,
+    ARLOOP_PACKS, ARLOOP_POLICY_API_BASE, ARLOOP_POLICY_MODEL, ARLOOP_POLICY_PROVIDER,
+    ARLOOP_POLICY_FALLBACKS, ARLOOP_AGENT_MODELS, ARLOOP_CANARY_SHARE,
     ARLOOP_REDIS_URL; all in deploy/settings.py AgentApiSettings)."""
+    from agents.model_routes import ModelRouteError
     from agents.packs import PackNotFound
     from deploy.agent_api.app import serve
 
-    _serve("serve agents", serve, PackNotFound)
+    _serve("serve agents", serve, PackNotFound, ModelRouteError)
 
 
 @serve_app.command("policy")
