@@ -152,7 +152,8 @@ class PolicyEndpointSettings(CommonSettings):
 
     policy_api_base: str = "http://127.0.0.1:8001/v1"
     """OpenAI-compatible endpoint the agents call through litellm (the learner's eval runs need
-    arloop's own policy server: they pin versions, `arloop@v3`)."""
+    arloop's own policy server: they pin versions, `arloop@v3`); empty: the provider's own
+    address (`anthropic/...`, `openai/gpt-4o-mini`)."""
     policy_model: str = "openai/arloop"
     """Any litellm model string; `openai/<name>` for an OpenAI-compatible endpoint."""
     policy_api_key: str = "none"
@@ -173,7 +174,7 @@ class PolicyEndpointSettings(CommonSettings):
         """The policy client's configuration: this endpoint, called as this process calls it."""
         return PolicyConfig(
             model=self.policy_model,
-            api_base=self.policy_api_base,
+            api_base=self.policy_api_base or None,  # empty: the provider's own address
             api_key=self.policy_api_key,
             timeout_s=self.policy_timeout_s,
             provider=self.policy_provider,

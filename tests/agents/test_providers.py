@@ -149,6 +149,33 @@ async def test_every_endpoint_down_is_a_502_naming_the_failure():
     assert err.value.status == 502
 
 
+@pytest.mark.parametrize(
+    ("model", "path"),
+    [
+        ("anthropic/claude-3-5-haiku-latest", "/v1/messages"),
+        ("ollama_chat/llama3", "/api/chat"),
+        ("ollama/llama3", "/api/generate"),
+    ],
+)
+async def test_litellm_providers_get_a_request_they_take(model, path):
+    """Each reaches its own wire (this fake answers 404 there): no UnsupportedParamsError for
+    logprobs, a seed or penalties, as every call to these failed before (issue 17)."""
+    fake = StrictProvider()
+    seen: list[str] = []
+
+    @fake.app.middleware("http")
+    async def record(request, call_next):
+        seen.append(request.url.path)
+        return await call_next(request)
+
+    sampling = Generation(frequency_penalty=0.1, stop=("x",), include_stop=True)
+    with ServerThread(fake.app) as server:
+        config = PolicyConfig(model=model, api_base=server.url, api_key="k", retries=0, seed=3)
+        with pytest.raises(PolicyError) as err:
+            await PolicyClient(config).complete(HI, arm="champion", sampling=sampling)
+    assert seen == [path] and "NotFoundError" in err.value.reason
+
+
 def _trajectories(redis_url) -> list:
     import redis
 
