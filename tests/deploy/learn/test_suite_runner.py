@@ -203,6 +203,9 @@ def test_the_gate_runs_with_the_settings_own_models(tmp_path):
     assert [len(p.tasks("eval")) for p in gate.suite.packs] == [5]
     with pytest.raises(SuiteMissing, match="unknown agent pack 'cooking'"):
         gate_runner(settings.model_copy(update={"eval_packs": ["cooking"]}), "", None, None)
+    hosted = settings.model_copy(update={"policy_model": "anthropic/claude-3-5-haiku-latest"})
+    with pytest.raises(SuiteMissing, match="of kind 'other': point the learner's"):
+        gate_runner(hosted, "", None, None)  # it cannot pin versions: refused, not mis-measured
 
 
 def _learner(redis_url: str, tmp_path, policy_url: str):
