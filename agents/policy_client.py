@@ -51,9 +51,16 @@ class PolicyConfig:
         return endpoint_kind(self.model, self.provider)
 
     @property
-    def versions_routed(self) -> bool:
-        """Whether calls name a version arm: asked for, and the endpoint is arloop's server."""
+    def names_versions(self) -> bool:
+        """Whether the model string names the version arm (`arloop@candidate`, `arloop@v3`):
+        asked for, and the endpoint is arloop's policy server (no other knows such names)."""
         return self.versioned and self.kind == "arloop"
+
+    @property
+    def versions_routed(self) -> bool:
+        """Whether runs are routed by version arm (threads get canary arms): arloop's server
+        by name; a vLLM by the adapters a sync process loads for each arm."""
+        return self.versioned and self.kind in TOKEN_KINDS
 
     def routed(self, route: ModelRoute) -> PolicyConfig:
         """This process's call settings on an agent's own model route."""
@@ -144,7 +151,7 @@ class PolicyClient:
     def model_for(self, arm: str | None) -> str:
         """The model string for a version arm (`champion`, `candidate`) or the plain model;
         arms name versions on arloop's policy server only."""
-        if self.config.versions_routed and arm:
+        if self.config.names_versions and arm:
             return f"{self.config.model}@{arm}"
         return self.config.model
 

@@ -269,7 +269,7 @@ def gate_runner(
 ) -> GateRunner:
     """The gate as `arloop learn` and `arloop eval` run it; SuiteMissing for an unknown pack,
     or for an endpoint that cannot run a pinned version (only arloop's policy server can)."""
-    if not s.policy_config().versions_routed:
+    if not s.policy_config().names_versions:
         raise SuiteMissing(
             f"the eval gate runs pinned versions (arloop@v3) on arloop's policy server, but "
             f"ARLOOP_POLICY_MODEL={s.policy_model!r} is an endpoint of kind {s.policy_config().kind!r}: "

@@ -56,7 +56,9 @@ def test_versioned_names_are_for_our_server_only():
     assert ours.model_for("candidate") == "openai/arloop@candidate"
     for model, provider in [("hosted_vllm/qwen", "auto"), ("anthropic/claude-3-5-haiku", "auto")]:
         config = PolicyConfig(model=model, provider=provider)
-        assert not config.versions_routed and PolicyClient(config).model_for("candidate") == model
+        assert not config.names_versions and PolicyClient(config).model_for("candidate") == model
+    assert PolicyConfig(model="hosted_vllm/qwen").versions_routed  # vLLM: arms by adapter
+    assert not PolicyConfig(model="anthropic/claude-3-5-haiku").versions_routed  # no canary
 
 
 async def test_the_strict_endpoint_refuses_what_hosted_providers_refuse(strict):
