@@ -1,4 +1,10 @@
-"""The policy client: one chat completion through litellm, recorded as a `ModelStep`."""
+"""The policy client: one chat completion through litellm, recorded as a `ModelStep`.
+
+What a call asks for follows from the endpoint's kind (`agents.model_routes`): logprobs and
+token ids only from arloop's policy server and vLLM, versioned model names only from arloop's.
+With fallbacks the call goes through litellm's `Router` (each endpoint its own parameters and
+retries, then the next), and the step records the endpoint that answered.
+"""
 
 from __future__ import annotations
 
@@ -7,12 +13,14 @@ import os
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 from typing import Any
 
 from agents.errors import ArloopError
 from agents.events import ModelStep, ToolCallRequest
+from agents.model_routes import TOKEN_KINDS, Endpoint, Kind, ModelRoute, Provider, endpoint_kind
+from agents.model_routes import token_params as _token_params
 from agents.policy_stream import OnDelta, StreamedCompletion
 
 
@@ -33,6 +41,45 @@ class PolicyConfig:
     max_tokens: int | None = None
     seed: int | None = None
     """Sampling seed sent with every call (reproducible sampled runs in tests and benchmarks)."""
+    provider: Provider = "auto"
+    """What the endpoint supports (`agents.model_routes`): `arloop`, `vllm`, `other` or `auto`."""
+    fallbacks: tuple[Endpoint, ...] = ()
+    """Endpoints tried in turn when this one fails (after its retries): litellm's Router."""
+
+    @property
+    def kind(self) -> Kind:
+        return endpoint_kind(self.model, self.provider)
+
+    @property
+    def names_versions(self) -> bool:
+        """Whether the model string names the version arm (`arloop@candidate`, `arloop@v3`):
+        asked for, and the endpoint is arloop's policy server (no other knows such names)."""
+        return self.versioned and self.kind == "arloop"
+
+    @property
+    def versions_routed(self) -> bool:
+        """Whether runs are routed by version arm (threads get canary arms): arloop's server
+        by name; a vLLM by the adapters a sync process loads for each arm."""
+        return self.versioned and self.kind in TOKEN_KINDS
+
+    def routed(self, route: ModelRoute) -> PolicyConfig:
+        """This process's call settings on an agent's own model route."""
+        return replace(
+            self,
+            model=route.model,
+            api_base=route.api_base,
+            api_key=route.key(),
+            provider=route.provider,
+            fallbacks=route.fallbacks,
+            retries=self.retries if route.retries is None else route.retries,
+        )
+
+    def endpoints(self) -> list[Endpoint]:
+        """The primary endpoint, then its fallbacks."""
+        primary = Endpoint(
+            model=self.model, api_base=self.api_base, api_key=self.api_key, provider=self.provider
+        )
+        return [primary, *self.fallbacks]
 
 
 @dataclass(frozen=True)
@@ -98,10 +145,13 @@ class PolicyClient:
 
     def __init__(self, config: PolicyConfig) -> None:
         self.config = config
+        self._endpoints = config.endpoints()
+        self._routers: dict[tuple[str | None, str], Any] = {}
 
     def model_for(self, arm: str | None) -> str:
-        """The model string for a version arm (`champion`, `candidate`) or the plain model."""
-        if self.config.versioned and arm:
+        """The model string for a version arm (`champion`, `candidate`) or the plain model;
+        arms name versions on arloop's policy server only."""
+        if self.config.names_versions and arm:
             return f"{self.config.model}@{arm}"
         return self.config.model
 
@@ -115,53 +165,104 @@ class PolicyClient:
         on_delta: OnDelta | None = None,
         sampling: Generation | None = None,
     ) -> ModelStep:
-        """One completion; PolicyError (502/504) when the endpoint fails or times out.
+        """One completion; PolicyError (502/504) when the endpoint (and every fallback) fails.
 
         `sampling`: the calling agent's own settings over the process's (`PolicyConfig`).
         With `on_delta` the endpoint streams and each piece of text is handed over as it comes;
         the step recorded is the same (token ids and logprobs come per chunk).
         """
-        model = self.model_for(arm)
         start = time.perf_counter()
         wire, tool_list = copy.deepcopy(messages), list(tools)
-        kwargs = self._kwargs(model, wire, tool_list, sampling or Generation())
+        kwargs, extra = (sampling or Generation()).request(self.config)
+        kwargs |= {"messages": wire, **({"tools": tool_list} if tool_list else {})}
+        call, kwargs = self._call(arm, kwargs, extra)
+        model = self.model_for(arm)
         if on_delta is not None:
-            streamed = await self._stream(kwargs, on_delta)
+            streamed = await self._stream(call, kwargs, on_delta)
             latency_ms = (time.perf_counter() - start) * 1000
-            return streamed.step(messages, tools, model, index, latency_ms)
+            step = streamed.step(messages, tools, model, index, latency_ms)
+            return self._step(step, self._answered(streamed.hidden_params), arm)
         async with self._errors():
-            response = await _litellm().acompletion(**kwargs)
+            response = await call(**kwargs)
         latency_ms = (time.perf_counter() - start) * 1000
-        return to_model_step(response, messages, tools, model, index, latency_ms)
+        step = to_model_step(response, messages, tools, model, index, latency_ms)
+        return self._step(step, self._answered(getattr(response, "_hidden_params", None)), arm)
 
-    async def _stream(self, kwargs: dict[str, Any], on_delta: OnDelta) -> StreamedCompletion:
+    def _call(
+        self, arm: str | None, kwargs: dict[str, Any], extra: dict[str, Any]
+    ) -> tuple[Any, dict[str, Any]]:
+        """(the coroutine function, its arguments): litellm itself for one endpoint, its
+        Router over the primary and the fallbacks otherwise."""
+        cfg = self.config
+        if not cfg.fallbacks:
+            primary = self._endpoint_params(self._endpoints[0], arm, extra)
+            direct = {"timeout": cfg.timeout_s, "max_retries": cfg.retries}
+            return _litellm().acompletion, kwargs | primary | direct
+        key = (arm, repr(sorted(extra.items())))
+        if key not in self._routers:
+            self._routers[key] = self._router(arm, extra)
+        return self._routers[key].acompletion, kwargs | {"model": "0"}
+
+    def _router(self, arm: str | None, extra: dict[str, Any]) -> Any:
+        """litellm's Router: deployment `0` the primary, `1`, `2`, ... its fallbacks in turn."""
+        cfg = self.config
+        model_list = [
+            {
+                "model_name": str(n),
+                "litellm_params": self._endpoint_params(e, arm if n == 0 else None, extra)
+                | {"max_retries": 0, "timeout": cfg.timeout_s},
+                "model_info": {"id": str(n)},
+            }
+            for n, e in enumerate(self._endpoints)
+        ]
+        chain = [str(n) for n in range(1, len(model_list))]
+        return _litellm().Router(
+            model_list=model_list,
+            fallbacks=[{"0": chain}],
+            num_retries=cfg.retries,
+            timeout=cfg.timeout_s,
+            retry_after=0,
+        )
+
+    def _endpoint_params(
+        self, endpoint: Endpoint, arm: str | None, extra: dict[str, Any]
+    ) -> dict[str, Any]:
+        """What one endpoint is sent: its model (versioned on arloop's primary), address and
+        key, and logprobs and token ids where its kind gives them."""
+        model = self.model_for(arm) if endpoint is self._endpoints[0] else endpoint.model
+        params = {"model": model, "api_base": endpoint.api_base, "api_key": endpoint.key()}
+        asks = _token_params(endpoint.kind)
+        if endpoint.kind in TOKEN_KINDS:
+            asks["extra_body"] = asks["extra_body"] | extra
+        return params | asks
+
+    def _answered(self, hidden: Any) -> int:
+        """Which endpoint answered: the Router names its deployment; else the primary."""
+        which = hidden.get("model_id") if isinstance(hidden, dict) else None
+        n = int(which) if which is not None and str(which).isdigit() else 0
+        return n if n < len(self._endpoints) else 0
+
+    def _step(self, step: ModelStep, n: int, arm: str | None) -> ModelStep:
+        """The step as endpoint `n` answered it: its model string, and for another provider
+        that string as the version (its `system_fingerprint` is no arloop version)."""
+        model = self.model_for(arm) if n == 0 else self._endpoints[n].model
+        update: dict[str, Any] = {"model": model}
+        if self._endpoints[n].kind == "other":
+            update["policy_version"] = model
+        return step.model_copy(update=update)
+
+    async def _stream(
+        self, call: Any, kwargs: dict[str, Any], on_delta: OnDelta
+    ) -> StreamedCompletion:
         out = StreamedCompletion()
         async with self._errors():
-            chunks = await _litellm().acompletion(**kwargs, stream=True)
+            chunks = await call(**kwargs, stream=True)
+            out.hidden_params = getattr(chunks, "_hidden_params", None)
             async for chunk in chunks:
                 text = out.add(chunk)
                 if text:
                     on_delta(text)
         return out
-
-    def _kwargs(
-        self, model: str, messages: list[dict], tools: list[dict], sampling: Generation
-    ) -> dict[str, Any]:
-        cfg = self.config
-        kwargs, extra = sampling.request(cfg)
-        if tools:
-            kwargs["tools"] = tools
-        return {
-            "model": model,
-            "messages": messages,
-            "api_base": cfg.api_base,
-            "api_key": cfg.api_key,
-            "timeout": cfg.timeout_s,
-            "max_retries": cfg.retries,
-            "logprobs": True,
-            "extra_body": {"return_token_ids": True, **extra},
-            **kwargs,
-        }
 
     @asynccontextmanager
     async def _errors(self) -> AsyncIterator[None]:

@@ -30,6 +30,8 @@ class StreamedCompletion:
     finish_reason: str | None = None
     fingerprint: str | None = None
     model: str | None = None
+    hidden_params: Any = None
+    """litellm's `_hidden_params` of the stream (the Router's deployment that answered)."""
 
     def add(self, chunk: Any) -> str:
         """Take one `ModelResponseStream` chunk; returns its new text ("" when none)."""

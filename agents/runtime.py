@@ -20,6 +20,7 @@ from agents.errors import ArloopError
 from agents.events import AnswerPath, ModelStep, RunStatus, TrajectoryEvent, new_id
 from agents.guard import Guard
 from agents.memory import LongTermMemory
+from agents.model_routes import ModelRoute
 from agents.policy_client import Generation, PolicyClient, PolicyConfig
 from agents.react import build_react, run_input
 from agents.reflexion import build_reflexion, reflexion_input
@@ -66,6 +67,9 @@ class AgentSpec:
     that a Reflexion answer its verifier failed is never returned."""
     generation: Generation | None = None
     """The agent's own sampling (max tokens, stop sequences, penalties) over the process's."""
+    model: ModelRoute | None = None
+    """The agent's own model, endpoint and fallbacks (`agents.model_routes`); None: the
+    process's policy (ARLOOP_POLICY_*). ARLOOP_AGENT_MODELS sets it per agent over the pack's."""
     retry_when: Callable[[str], bool] | None = None
     """Reflexion only: whether a failed attempt at this (filtered) message is worth another
     (None: always, within `max_attempts`). The triage agent answers a red-flag message at
@@ -98,6 +102,8 @@ class _Agent:
     graph: Any
     tools: ToolRegistry
     verifier: ToolRegistry | None
+    policy: PolicyClient
+    """The agent's own model where its spec names one, else the runtime's."""
 
     def start(self, text: str) -> dict[str, Any]:
         if self.spec.kind == "reflexion":
@@ -128,7 +134,7 @@ class AgentRuntime:
         self.sink = sink
         self.memory = memory
         self.durability = durability if checkpointer is not None else None
-        self.agents = {s.name: self._compile(s, checkpointer) for s in specs}
+        self.agents = {s.name: self._compile(s, checkpointer, policy) for s in specs}
 
     @classmethod
     def on_redis(
@@ -148,7 +154,7 @@ class AgentRuntime:
         """The runtime with everything on one Redis: threads, checkpoints, memory, sink."""
         threads = Threads(
             client,
-            canary_share=canary_share if policy.versioned else 0.0,
+            canary_share=canary_share if policy.versions_routed else 0.0,
             lock_s=lock_s,
             ttl_s=thread_ttl_s,
             rng=rng,
@@ -164,13 +170,15 @@ class AgentRuntime:
         )
 
     @staticmethod
-    def _compile(spec: AgentSpec, checkpointer: Any) -> _Agent:
+    def _compile(spec: AgentSpec, checkpointer: Any, policy: PolicyClient) -> _Agent:
         if spec.kind == "reflexion":
             graph = build_reflexion(checkpointer)
         else:
             graph = build_react(checkpointer, guarded=spec.guard is not None)
         verifier = ToolRegistry([spec.verifier]) if spec.verifier else None
-        return _Agent(spec, graph, ToolRegistry(spec.tools), verifier)
+        if spec.model is not None:
+            policy = PolicyClient(policy.config.routed(spec.model))
+        return _Agent(spec, graph, ToolRegistry(spec.tools), verifier, policy)
 
     def spec(self, name: str) -> AgentSpec:
         if name not in self.agents:
@@ -204,7 +212,7 @@ class AgentRuntime:
         if entry.spec.input_filter is not None:  # CPU-bound (presidio): off the event loop
             text = await asyncio.to_thread(entry.spec.input_filter, text)
         lease = await self.threads.open(thread_id or new_id("th"), user_id, agent)
-        ctx = self._context(entry, user_id, arm or lease.arm, policy or self.policy)
+        ctx = self._context(entry, user_id, arm or lease.arm, policy or entry.policy)
         ctx.emit = emit
         if emit is not None:
             emit(RunUpdate("start", "", 0))
@@ -239,7 +247,7 @@ class AgentRuntime:
         start = entry.start(text)["messages"]
         wire = to_openai(start, entry.spec.system_prompt, list(entry.spec.examples))
         sampling = entry.spec.generation
-        return await (policy or self.policy).complete(
+        return await (policy or entry.policy).complete(
             wire, entry.tools.specs(), arm=arm, sampling=sampling
         )
 

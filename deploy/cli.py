@@ -29,6 +29,11 @@ policy_app = typer.Typer(
 )
 app.add_typer(serve_app, name="serve")
 app.add_typer(policy_app, name="policy")
+packs_app = typer.Typer(
+    help="The agent packs this install can serve (bring your own: README, Packs).",
+    rich_markup_mode="markdown",
+)
+app.add_typer(packs_app, name="packs")
 
 
 def _serve(command: str, serve: Callable[[], None], *refused: type[Exception]) -> None:
@@ -46,12 +51,14 @@ def _serve(command: str, serve: Callable[[], None], *refused: type[Exception]) -
 @serve_app.command("agents")
 def serve_agents() -> None:
     """Serve the agent API (ARLOOP_HOST, ARLOOP_PORT, ARLOOP_API_KEYS, ARLOOP_SECRET_KEY,
-    ARLOOP_PACKS, ARLOOP_POLICY_API_BASE, ARLOOP_POLICY_MODEL, ARLOOP_CANARY_SHARE,
+    ARLOOP_PACKS, ARLOOP_POLICY_API_BASE, ARLOOP_POLICY_MODEL, ARLOOP_POLICY_PROVIDER,
+    ARLOOP_POLICY_FALLBACKS, ARLOOP_AGENT_MODELS, ARLOOP_CANARY_SHARE,
     ARLOOP_REDIS_URL; all in deploy/settings.py AgentApiSettings)."""
+    from agents.model_routes import ModelRouteError
     from agents.packs import PackNotFound
     from deploy.agent_api.app import serve
 
-    _serve("serve agents", serve, PackNotFound)
+    _serve("serve agents", serve, PackNotFound, ModelRouteError)
 
 
 @serve_app.command("policy")
@@ -143,6 +150,34 @@ def policy_rollback(
     from deploy.commands import main
 
     raise typer.Exit(main("rollback", to=to, candidate=candidate))
+
+
+@packs_app.command("list")
+def packs_list(
+    refs: list[str] = typer.Argument(
+        None, help="Also load these 'module:attr' references (e.g. myteam.faq:pack)."
+    ),
+) -> None:
+    """Each pack registered under the `arloop.packs` entry points, and each 'module:attr' in
+    ARLOOP_PACKS or given here: its source, its agents and whether it has an eval suite (held-out
+    tasks and a verifier, for the release gate). Exit 1 when one does not load (its error shown)."""
+    from deploy.packs_list import main
+
+    raise typer.Exit(main(_served_refs() + list(refs or [])))
+
+
+def _served_refs() -> list[str]:
+    """ARLOOP_PACKS as the agent API reads it; none when the settings do not load."""
+    from pydantic import ValidationError
+    from pydantic_settings import SettingsError
+
+    from deploy.settings import AgentApiSettings
+
+    try:
+        return AgentApiSettings().packs
+    except (ValidationError, SettingsError) as exc:
+        typer.echo(f"arloop packs list: ARLOOP_PACKS not read ({exc})", err=True)
+        return []
 
 
 @app.command("eval")

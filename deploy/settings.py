@@ -22,6 +22,7 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from agents.feedback_tokens import MAX_TOKEN_TTL_S
+from agents.model_routes import Endpoint, ModelRoute, Provider
 from agents.policy_client import PolicyConfig
 from deploy import redis_conn
 from deploy.credentials import (
@@ -162,7 +163,8 @@ class PolicyEndpointSettings(CommonSettings):
 
     policy_api_base: str = "http://127.0.0.1:8001/v1"
     """OpenAI-compatible endpoint the agents call through litellm (the learner's eval runs need
-    arloop's own policy server: they pin versions, `arloop@v3`)."""
+    arloop's own policy server: they pin versions, `arloop@v3`); empty: the provider's own
+    address (`anthropic/...`, `openai/gpt-4o-mini`)."""
     policy_model: str = "openai/arloop"
     """Any litellm model string; `openai/<name>` for an OpenAI-compatible endpoint."""
     policy_api_key: str = "none"
@@ -174,14 +176,19 @@ class PolicyEndpointSettings(CommonSettings):
     (1.0 on arloop's policy server). The learner's sub-rounds resample at it."""
     policy_max_tokens: int | None = 512
     """Completion tokens per model call of the agents (and of the learner's resampling)."""
+    policy_provider: Provider = "auto"
+    """What the policy endpoint supports: `arloop` (our policy server: versions, token ids,
+    logprobs), `vllm` (token ids, logprobs), `other` (any other provider: plain requests, runs
+    not trainable), or `auto`: `openai/arloop` is ours, `hosted_vllm/...` vLLM, else other."""
 
     def policy_config(self) -> PolicyConfig:
         """The policy client's configuration: this endpoint, called as this process calls it."""
         return PolicyConfig(
             model=self.policy_model,
-            api_base=self.policy_api_base,
+            api_base=self.policy_api_base or None,  # empty: the provider's own address
             api_key=self.policy_api_key,
             timeout_s=self.policy_timeout_s,
+            provider=self.policy_provider,
             **self._policy_calls(),
         )
 
@@ -255,6 +262,15 @@ class AgentApiSettings(PolicyEndpointSettings):
     """Reflections (and facts) kept per user, task kind and kind; the oldest fall off."""
     redis_timeout_s: float = 5.0
     """Socket timeout for Redis; a Redis that does not answer in time is a 503."""
+    # -- models per agent and fallbacks (agents/model_routes.py) --
+    policy_fallbacks: list[Endpoint] = Field(default_factory=list)
+    """Endpoints tried in turn when the policy endpoint fails after its retries (litellm's
+    Router), a JSON list: `[{"model": "openai/gpt-4o-mini", "api_base": "...", "api_key":
+    "..."}]`; a run another provider answered is logged without token ids (not trainable)."""
+    agent_models: dict[str, ModelRoute] = Field(default_factory=dict)
+    """Per agent, its own model over its pack's (`AgentSpec.model`) and the process's, a JSON
+    object: `{"triage": {"model": "anthropic/claude-3-5-haiku-latest", "fallbacks":
+    [{"model": "openai/arloop", "api_base": "http://127.0.0.1:8001/v1"}]}}`."""
 
     def _policy_calls(self) -> dict[str, Any]:
         return {
@@ -262,6 +278,7 @@ class AgentApiSettings(PolicyEndpointSettings):
             "versioned": self.policy_versioned,
             "temperature": self.policy_temperature,
             "max_tokens": self.policy_max_tokens,
+            "fallbacks": tuple(self.policy_fallbacks),
         }
 
     @field_validator("api_keys", mode="before")

@@ -51,6 +51,8 @@ from learner.train_step import PolicyTrainer
 log = logging.getLogger(__name__)
 
 UNTRAINABLE = "untrainable"  # no rewarded step with logged token ids, no usable correction
+NO_TOKEN_IDS = "no_token_ids"
+"""Untrainable: no model step of the run logged token ids (another provider answered it)."""
 BASELINE_KEY = "running_baseline"
 
 
@@ -112,6 +114,8 @@ def run_round(
     settle(store, now, window, silence, keep_silent=scoring)
     episodes = trainable_episodes(store, now, window, silence, config.max_episodes)
     silent = silent_episodes(store, now, window, silence, config.max_episodes) if scoring else []
+    episodes, blind = _without_token_ids(store, episodes)
+    silent, blind_silent = _without_token_ids(store, silent)
     if not episodes:
         _let_go(store, silent, SILENT)
         return None
@@ -168,6 +172,7 @@ def run_round(
         store.settle([i for e in episodes for i in e.event_ids], UNTRAINABLE)
         return None
     metrics = _round_metrics(pg + sub.updates, dpo, kto, data, sub, gap)
+    metrics[f"untrainable/{NO_TOKEN_IDS}"] = float(blind + blind_silent)
     if judge is not None:
         metrics.update(judge.metrics(len(scored)))
     crash_point("during_train")
@@ -324,6 +329,24 @@ def _training_data(
 def model_reward(episode: Episode, score: float) -> EpisodeReward:
     """A silent run's reward from the reward model's pessimistic score, on every model turn."""
     return EpisodeReward(score, {s.index: score for s in episode.trajectory.model_steps})
+
+
+def _without_token_ids(store: Store, episodes: list[Episode]) -> tuple[list[Episode], int]:
+    """(the episodes a model step of which logged token ids, how many had none): runs another
+    provider answered cannot train; they are let go as `no_token_ids`, a count in the store
+    and the round's metrics, not an error."""
+    blind = [
+        e
+        for e in episodes
+        if e.trajectory.model_steps
+        and not any(s.prompt_token_ids and s.completion_token_ids for s in e.trajectory.model_steps)
+    ]
+    if not blind:
+        return episodes, 0
+    _let_go(store, blind, NO_TOKEN_IDS)
+    log.info("%d runs without token ids let go (another provider answered them)", len(blind))
+    gone = {e.trajectory.event_id for e in blind}
+    return [e for e in episodes if e.trajectory.event_id not in gone], len(blind)
 
 
 def _let_go(store: Store, episodes: Sequence[Episode], reason: str) -> None:

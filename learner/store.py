@@ -8,7 +8,7 @@ Tables:
   meta          key -> JSON value (e.g. the running reward baseline, committed with the ledger)
 
 `settled` is NULL while an event may still be trained on, `trained` once it is in the ledger,
-else the reason it was let go (`silent`, `unknown_trajectory`, `late`, `untrainable`,
+else the reason it was let go (`silent`, `unknown_trajectory`, `late`, `untrainable`, `no_token_ids`,
 `cancelled`: a run whose client left midway is settled as it arrives).
 """
 
@@ -150,7 +150,8 @@ class Store:
         return [(r[0], r[1], bool(r[2])) for r in rows]
 
     def settle(self, event_ids: Iterable[str], reason: str) -> None:
-        """Let events go without training (reason: silent, unknown_trajectory, late, untrainable)."""
+        """Let events go without training (reason: silent, unknown_trajectory, late, untrainable,
+        no_token_ids)."""
         with self.transaction() as db:
             _mark(db, list(event_ids), reason)
 

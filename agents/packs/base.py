@@ -1,4 +1,14 @@
-"""What a pack is: agents, the tasks its users bring (train and held-out eval), and a verifier."""
+"""The `Pack` API: what a team writes to bring its own agents to arloop.
+
+A pack is data: its agents (`agents.runtime.AgentSpec`: prompt, tools, loop, guard, model),
+optionally the tasks its users bring (a training split for simulated users, a held-out eval
+split the release gate draws from) with a verifier that scores an answer, and the label hooks
+that let the learner turn feedback into verified labels. Only `name` and `agents` are needed:
+a pack without tasks is served and learned from by its feedback alone, and has no eval suite.
+
+A pack is named by a `module:attr` string (a `Pack`, or a function returning one) or registered
+under the `arloop.packs` entry-point group of the package that ships it (see `agents.packs`).
+"""
 
 from __future__ import annotations
 
@@ -26,16 +36,28 @@ class Task:
     meta: dict[str, str] = field(default_factory=dict)
 
 
+def no_tasks(split: Split) -> list[Task]:
+    """A pack without tasks: no simulated users, no eval suite."""
+    return []
+
+
+def no_verifier(task: Task, output: str) -> float:
+    """A pack without a verifier has no tasks to score; calling it is a pack bug."""
+    raise ValueError(f"task {task.id!r} has no verifier: give the pack `verify=`")
+
+
 @dataclass(frozen=True)
 class Pack:
     """A deployable domain: its agents, its task sets and its answer verifier."""
 
     name: str
+    """The pack's name (`arloop packs list`, the gate's reports)."""
     agents: tuple[AgentSpec, ...]
-    tasks: Callable[[Split], list[Task]]
+    """The agents it serves, each with its prompt, tools, loop, guard and (optional) model."""
+    tasks: Callable[[Split], list[Task]] = no_tasks
     """`tasks("train")` for simulated users, `tasks("eval")` the held-out pool (disjoint from
     training; the eval gate draws from it, stratified by `Task.meta["kind"]`)."""
-    verify: Callable[[Task, str], float]
+    verify: Callable[[Task, str], float] = no_verifier
     """Score a final answer for a task in [0, 1] (1 = solved)."""
     answer_of: Callable[[str], str | None] | None = None
     """The final answer a reply states, normalised so equal answers are equal strings (`30`,
@@ -49,3 +71,8 @@ class Pack:
     """Score an agent's first model call alone in [0, 1] (the tutor: does its calculator call
     compute the answer): the cheap form of an eval run that the gate's sampled test uses,
     checked against full runs in every gate report. None: the gate runs whole episodes."""
+
+    def has_eval_suite(self) -> bool:
+        """Whether the release gate can judge versions on this pack: held-out tasks and a
+        verifier to score them."""
+        return self.verify is not no_verifier and bool(self.tasks("eval"))

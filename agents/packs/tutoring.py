@@ -157,3 +157,9 @@ def tutoring_pack(source: str = "templates", eval_size: int = EVAL_POOL) -> Pack
         reference_from=mentioned_number,
         first_turn=first_turn,
     )
+
+
+def pack(tutoring_source: str = "templates", tutoring_eval_size: int = EVAL_POOL) -> Pack:
+    """The pack's entry point (`arloop.packs`): the learner passes its ARLOOP_TUTORING_SOURCE
+    and ARLOOP_TUTORING_EVAL_SIZE by these names (`agents.packs.loading`)."""
+    return tutoring_pack(tutoring_source, tutoring_eval_size)

@@ -9,6 +9,7 @@ feedback pages and export), `pages` (the chat page, the dashboard, the report ca
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import importlib.util
 import logging
 import random
@@ -22,6 +23,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from agents.errors import ArloopError
 from agents.events import FeedbackKind, new_id
 from agents.feedback_intake import FeedbackSubmission
+from agents.model_routes import ModelRoute, ModelRouteError
 from agents.policy_client import warm_up
 from agents.runtime import AgentSpec
 from agents.trajectory_sink import Scrub
@@ -140,6 +142,7 @@ def create_app(
     """
     settings = settings or AgentApiSettings()
     specs = specs if specs is not None else _load_packs(settings.packs)
+    specs = with_models(specs, settings.agent_models)
     scrub = scrubber if scrubber is not None else phi_scrubber(settings)
     api_metrics = ApiMetrics()
 
@@ -192,6 +195,19 @@ def _declare_bearer(schema: dict) -> None:
         for operation in path.values():
             if "401" in operation.get("responses", {}):
                 operation["security"] = [{"HTTPBearer": []}]
+
+
+def with_models(specs: list[AgentSpec], routes: dict[str, ModelRoute]) -> list[AgentSpec]:
+    """`specs` with ARLOOP_AGENT_MODELS' routes over their packs' own `AgentSpec.model`."""
+    names = {s.name for s in specs}
+    unknown = sorted(set(routes) - names)
+    if unknown:
+        raise ModelRouteError(
+            f"ARLOOP_AGENT_MODELS names {', '.join(map(repr, unknown))}, which no served pack "
+            f"has (agents: {', '.join(sorted(names)) or 'none'}): fix the agent's name there, "
+            "or ARLOOP_PACKS"
+        )
+    return [dataclasses.replace(s, model=routes[s.name]) if s.name in routes else s for s in specs]
 
 
 def _load_packs(refs: list[str]) -> list[AgentSpec]:

@@ -40,6 +40,7 @@ ROUND_GAUGES = {
     "completions/mean_length": "completions_mean_length",
     "loss": "loss",
     "frac_reward_zero_std": "frac_reward_zero_std",
+    "untrainable/no_token_ids": "untrainable_no_token_ids",
 }
 """Round metric (TRL's name) -> the suffix of its `arloop_learner_<suffix>` gauge."""
 

@@ -267,7 +267,15 @@ def gate_runner(
     progress: Progress | None = None,
     looked: Looked | None = None,
 ) -> GateRunner:
-    """The gate as `arloop learn` and `arloop eval` run it; SuiteMissing for an unknown pack."""
+    """The gate as `arloop learn` and `arloop eval` run it; SuiteMissing for an unknown pack,
+    or for an endpoint that cannot run a pinned version (only arloop's policy server can)."""
+    if not s.policy_config().names_versions:
+        raise SuiteMissing(
+            f"the eval gate runs pinned versions (arloop@v3) on arloop's policy server, but "
+            f"ARLOOP_POLICY_MODEL={s.policy_model!r} is an endpoint of kind {s.policy_config().kind!r}: "
+            "point the learner's ARLOOP_POLICY_MODEL and ARLOOP_POLICY_API_BASE at the policy "
+            "server (openai/arloop), or ARLOOP_POLICY_PROVIDER=arloop if it serves another name"
+        )
     if packs is None:
         size = s.tutoring_eval_size
         try:

@@ -26,7 +26,7 @@ def test_load_packs_serves_every_agent_and_names_unknown_packs():
         "tutor_hints",
         "triage",
     ]
-    with pytest.raises(PackNotFound, match="unknown agent pack 'cooking': built-in packs are"):
+    with pytest.raises(PackNotFound, match="unknown agent pack 'cooking': installed packs are"):
         load_packs(["tutoring", "cooking"])
     with pytest.raises(PackNotFound, match="'module:attr'"):
         get_pack("cooking")

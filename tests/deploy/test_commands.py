@@ -115,7 +115,7 @@ def test_eval_without_a_pack_or_with_the_server_down_exits_2(arloop, registry, t
     assert "stays READY" in down.output and registry.resolve(CHAMPION) == "v0"
     unknown = arloop("eval", ARLOOP_EVAL_PACKS='["nonexistent"]')
     assert unknown.exit_code == 2 and "unknown agent pack 'nonexistent'" in unknown.output
-    assert "built-in packs are medical, tutoring" in unknown.output
+    assert "installed packs are medical, tutoring" in unknown.output
 
 
 def test_serve_refuses_bad_settings_and_pack_names_with_a_message(arloop):

@@ -12,7 +12,7 @@ from learner.logprobs import completion_logprobs
 from learner.policy.models import checkpoint_path, load_base, load_version
 from learner.policy.registry import CHAMPION, VersionStatus
 from learner.reward_model import heldout
-from learner.rounds import UNTRAINABLE, RoundAborted, run_round
+from learner.rounds import NO_TOKEN_IDS, RoundAborted, run_round
 from learner.train_step import TrainConfig
 from learner.trajectory_source import TrajectorySource
 from tests.learner.learner_events import (
@@ -103,12 +103,23 @@ def test_corrections_train_by_dpo_and_steps_without_ids_are_let_go(
     ]
     _ingest(redis_client, store, events)
     result = run_round(store, registry, tiny_round_plan(tmp_path))
-    assert (result.samples, result.pairs, result.skipped_steps) == (0, 1, 1)
+    assert (result.samples, result.pairs, result.skipped_steps) == (0, 1, 0)
     assert "dpo/loss" in result.metrics
-    assert result.let_go == {UNTRAINABLE: 1}
+    assert result.metrics["untrainable/no_token_ids"] == 1.0  # another provider's run: a reason
     assert set(store.ledger()) == {e.event_id for e in events[:2]}
     counts = store.counts()
-    assert counts["trajectories/" + UNTRAINABLE] == counts["feedback/" + UNTRAINABLE] == 1
+    assert counts["trajectories/" + NO_TOKEN_IDS] == counts["feedback/" + NO_TOKEN_IDS] == 1
+
+
+def test_runs_without_any_token_ids_are_let_go_as_such_before_loading_a_model(
+    redis_client, store, registry, tmp_path
+):
+    blind = [trajectory(PROMPT, GOOD, user=f"u{i}", with_ids=False) for i in range(3)]
+    _ingest(redis_client, store, [*blind, *(feedback(t.event_id, "thumbs", 1) for t in blind)])
+    assert run_round(store, registry, tiny_round_plan(tmp_path)) is None  # no crash, no version
+    counts = store.counts()
+    assert counts["trajectories/" + NO_TOKEN_IDS] == counts["feedback/" + NO_TOKEN_IDS] == 3
+    assert not store.ledger() and registry.resolve(CHAMPION) == "v0"
 
 
 def test_a_stop_mid_round_commits_nothing(redis_client, store, registry, tmp_path):

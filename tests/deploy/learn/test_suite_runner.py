@@ -173,11 +173,13 @@ def test_packs_are_found_by_name_or_module_path_and_bad_names_say_how_to_name_on
     assert [t.id for t in get_pack("tutoring", tutoring_eval_size=3).tasks("eval")] == [
         t.id for t in get_pack("tutoring").tasks("eval")[:3]
     ]
-    with pytest.raises(PackNotFound, match="unknown agent pack 'nonexistent': built-in packs"):
+    with pytest.raises(PackNotFound, match="unknown agent pack 'nonexistent': installed packs"):
         get_pack("nonexistent")
     with pytest.raises(PackNotFound, match="cannot import tests.nowhere"):
         get_pack("tests.nowhere:pack")
-    with pytest.raises(PackNotFound, match="test_suite_runner.PROMPTS is not a Pack"):
+    with pytest.raises(
+        PackNotFound, match="test_suite_runner:PROMPTS is a list, not an agents.packs.Pack"
+    ):
         get_pack("tests.deploy.learn.test_suite_runner:PROMPTS")
 
 
@@ -201,6 +203,9 @@ def test_the_gate_runs_with_the_settings_own_models(tmp_path):
     assert [len(p.tasks("eval")) for p in gate.suite.packs] == [5]
     with pytest.raises(SuiteMissing, match="unknown agent pack 'cooking'"):
         gate_runner(settings.model_copy(update={"eval_packs": ["cooking"]}), "", None, None)
+    hosted = settings.model_copy(update={"policy_model": "anthropic/claude-3-5-haiku-latest"})
+    with pytest.raises(SuiteMissing, match="of kind 'other': point the learner's"):
+        gate_runner(hosted, "", None, None)  # it cannot pin versions: refused, not mis-measured
 
 
 def _learner(redis_url: str, tmp_path, policy_url: str):
