@@ -30,40 +30,137 @@ app.add_typer(serve_app, name="serve")
 app.add_typer(policy_app, name="policy")
 
 
-def _serve(command: str, serve: Callable[[], None], *refused: type[Exception]) -> None:
-    """Run a server; a bad setting (or a `refused` error) is a message and exit 2, no traceback."""
+# -- errors as one line each, missing extras, --version, --host/--port (issue 17) -----------
+LEARN_MODULES = frozenset(
+    {"torch", "transformers", "safetensors", "peft", "accelerate", "gguf", "matplotlib"}
+    | {"datasets", "pyarrow"}
+)
+"""Top-level modules only the `learn` extra installs (numpy and tokenizers come with `serve`
+too, through presidio and litellm): a command that needs one says so."""
+
+
+def _version(show: bool) -> None:
+    if show:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            typer.echo(f"arloop {version('arloop')}")
+        except PackageNotFoundError:  # run from a checkout that was never installed
+            typer.echo("arloop (not installed: run from a source checkout)")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    show_version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
+) -> None:
+    """arloop: deploy LLM agents and keep making them better from what their users say."""
+
+
+class Refused(Exception):
+    """A process refused to start; the message says why and what to do."""
+
+
+def guarded(command: str, run: Callable[[], object], settings: str, *refused: type[Exception]):
+    """Run a command; a bad ARLOOP_* setting (one line per variable), a missing extra or a
+    `refused` error is a message and exit 2, never a traceback. `settings`: which class the
+    command reads (`agents`, `policy`, `learner`), for the examples of the messages."""
     from pydantic import ValidationError
     from pydantic_settings import SettingsError
 
     try:
-        serve()
-    except (ValidationError, SettingsError, *refused) as exc:
+        return run()
+    except (ValidationError, SettingsError) as exc:
+        for line in explain_settings(exc, settings):
+            typer.echo(f"arloop {command}: {line}", err=True)
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").partition(".")[0] not in LEARN_MODULES:
+            raise
+        typer.echo(
+            f"arloop {command} needs the learner's dependencies ({exc.name} is not installed): "
+            "pip install 'arloop[learn]'",
+            err=True,
+        )
+    except refused as exc:
         typer.echo(f"arloop {command}: {exc}", err=True)
-        raise typer.Exit(2) from None
+    raise typer.Exit(2)
+
+
+def explain_settings(exc: Exception, settings: str) -> list[str]:
+    """The settings error as one line per variable (deploy/settings_errors.py)."""
+    from deploy import settings as serving
+    from deploy.settings_errors import explain
+
+    if settings == "learner":
+        from deploy.learn.settings import LearnerSettings as cls
+    else:
+        cls = {"agents": serving.AgentApiSettings, "policy": serving.PolicyServerSettings}[settings]
+    return explain(exc, cls)  # type: ignore[arg-type]
+
+
+def listen_on(process: str, host: str | None, port: int | None) -> None:
+    """`--host/--port` win over ARLOOP_<PROCESS>_HOST/_PORT (the settings read those)."""
+    if host is not None:
+        os.environ[f"ARLOOP_{process}_HOST"] = host
+    if port is not None:
+        os.environ[f"ARLOOP_{process}_PORT"] = str(port)
+
+
+HOST_HELP = "Interface to listen on (default: ARLOOP_{0}_HOST, else ARLOOP_HOST, else 127.0.0.1)."
+PORT_HELP = "Port to listen on (default: ARLOOP_{0}_PORT, else ARLOOP_PORT, else {1})."
+
+
+# -- end errors, extras, version, flags ------------------------------------------------------
 
 
 @serve_app.command("agents")
-def serve_agents() -> None:
-    """Serve the agent API (ARLOOP_HOST, ARLOOP_PORT, ARLOOP_API_KEYS, ARLOOP_SECRET_KEY,
-    ARLOOP_PACKS, ARLOOP_POLICY_API_BASE, ARLOOP_POLICY_MODEL, ARLOOP_CANARY_SHARE,
-    ARLOOP_REDIS_URL; all in deploy/settings.py AgentApiSettings)."""
+def serve_agents(
+    host: str = typer.Option(None, "--host", help=HOST_HELP.format("AGENTS")),
+    port: int = typer.Option(
+        None, "--port", min=0, max=65535, help=PORT_HELP.format("AGENTS", 8000)
+    ),
+) -> None:
+    """Serve the agent API (ARLOOP_AGENTS_HOST, ARLOOP_AGENTS_PORT, ARLOOP_API_KEYS,
+    ARLOOP_SECRET_KEY, ARLOOP_PACKS, ARLOOP_POLICY_API_BASE, ARLOOP_POLICY_MODEL,
+    ARLOOP_CANARY_SHARE, ARLOOP_REDIS_URL; all in deploy/settings.py AgentApiSettings)."""
     from agents.packs import PackNotFound
-    from deploy.agent_api.app import serve
 
-    _serve("serve agents", serve, PackNotFound)
+    def run() -> None:
+        from deploy.agent_api.app import serve
+
+        serve()
+
+    listen_on("AGENTS", host, port)
+    guarded("serve agents", run, "agents", PackNotFound)
 
 
 @serve_app.command("policy")
-def serve_policy() -> None:
+def serve_policy(
+    host: str = typer.Option(None, "--host", help=HOST_HELP.format("POLICY")),
+    port: int = typer.Option(
+        None, "--port", min=0, max=65535, help=PORT_HELP.format("POLICY", 8001)
+    ),
+) -> None:
     """Serve the policy over an OpenAI-compatible API (ARLOOP_BASE_MODEL, ARLOOP_MODEL_CACHE,
-    ARLOOP_PORT, ARLOOP_TOOL_FORMAT, ARLOOP_POLICY_ENGINE (llamacpp where installed, else
-    transformers), ARLOOP_LLAMACPP_QUANT, ARLOOP_LLAMACPP_THREADS, ARLOOP_REDIS_URL; all in
-    deploy/settings.py PolicyServerSettings); follows the registry's champion and hot-reloads
-    new versions."""
-    from deploy.policy_server.app import serve
-    from deploy.policy_server.engines import EngineUnavailable
+    ARLOOP_POLICY_HOST, ARLOOP_POLICY_PORT, ARLOOP_TOOL_FORMAT, ARLOOP_POLICY_ENGINE (llamacpp
+    where installed, else transformers), ARLOOP_LLAMACPP_QUANT, ARLOOP_LLAMACPP_THREADS,
+    ARLOOP_REDIS_URL; all in deploy/settings.py PolicyServerSettings); follows the registry's
+    champion and hot-reloads new versions. Needs `arloop[learn]` (torch)."""
+    from learner.policy.registry import BaseModelMismatch
 
-    _serve("serve policy", serve, EngineUnavailable)
+    def run() -> None:
+        from deploy.policy_server.app import serve
+        from deploy.policy_server.engines import EngineUnavailable
+
+        try:
+            serve()
+        except EngineUnavailable as exc:
+            raise Refused(str(exc)) from None
+
+    listen_on("POLICY", host, port)
+    guarded("serve policy", run, "policy", Refused, BaseModelMismatch)
 
 
 @app.command("learn")
@@ -78,9 +175,24 @@ def learn(
     ARLOOP_TRAIN__FULL_FINETUNE, ARLOOP_EVAL_PACKS, ARLOOP_GUARDS__*, ARLOOP_CANARY__*,
     ARLOOP_DATA_DIR, ARLOOP_REDIS_URL; all in deploy/learn/settings.py LearnerSettings, the
     nested ones in the config models it names). Stops cleanly on Ctrl-C."""
-    from deploy.learn.runner import main
 
-    raise typer.Exit(main(once=once))
+    def run() -> int:
+        from deploy.learn.runner import main
+
+        return main(once=once)
+
+    raise typer.Exit(guarded("learn", run, "learner"))
+
+
+def _release(command: str, **kwargs: object) -> int:
+    """`arloop policy ...` and `arloop eval` (deploy/commands.py), through `guarded`."""
+
+    def run() -> int:
+        from deploy.commands import main
+
+        return main(command, **kwargs)
+
+    return guarded("eval" if command == "eval" else f"policy {command}", run, "learner")
 
 
 @policy_app.command("list")
@@ -89,9 +201,7 @@ def policy_list(
 ) -> None:
     """Versions (status, aliases, gate verdict and why) and the last moves in the registry
     (ARLOOP_REDIS_URL)."""
-    from deploy.commands import main
-
-    raise typer.Exit(main("list", events=events))
+    raise typer.Exit(_release("list", events=events))
 
 
 @policy_app.command("promote")
@@ -100,9 +210,7 @@ def policy_promote(
     force: bool = typer.Option(False, "--force", help="Promote even a version the gate rejected."),
 ) -> None:
     """Make a version the champion (compare-and-set: refused if another writer moved it first)."""
-    from deploy.commands import main
-
-    raise typer.Exit(main("promote", version=version, force=force))
+    raise typer.Exit(_release("promote", version=version, force=force))
 
 
 @policy_app.command("rollback")
@@ -115,9 +223,7 @@ def policy_rollback(
     ),
 ) -> None:
     """Put the champion back to an earlier version (its checkpoint must still exist)."""
-    from deploy.commands import main
-
-    raise typer.Exit(main("rollback", to=to, candidate=candidate))
+    raise typer.Exit(_release("rollback", to=to, candidate=candidate))
 
 
 @app.command("eval")
@@ -135,9 +241,9 @@ def eval_gate(
     """Run the eval gate: the packs' held-out suites (ARLOOP_EVAL_PACKS) through the agents
     against the policy server (ARLOOP_POLICY_API_BASE), plus the guards (ARLOOP_GUARDS__*)
     and the off-policy estimate (ARLOOP_GATE__*). Exit 0 pass, 1 reject, 2 error."""
-    from deploy.commands import main
-
-    raise typer.Exit(main("eval", version=version, against=against, apply=apply, as_json=as_json))
+    raise typer.Exit(
+        _release("eval", version=version, against=against, apply=apply, as_json=as_json)
+    )
 
 
 @app.command("stress")
@@ -148,9 +254,14 @@ def stress(
     instruction planted in every tool output) through the served agents (ARLOOP_PACKS) against
     the policy endpoint (ARLOOP_POLICY_API_BASE, ARLOOP_POLICY_MODEL); the runs go to
     arloop:eval:trajectories (never trained on) and show on the report card."""
-    from deploy.stress import main
+    from agents.packs import PackNotFound
 
-    raise typer.Exit(main(agent))
+    def run() -> int:
+        from deploy.stress import main
+
+        return main(agent)
+
+    raise typer.Exit(guarded("stress", run, "agents", PackNotFound))
 
 
 @app.command("demo")

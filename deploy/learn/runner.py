@@ -61,7 +61,7 @@ class Learner:
         self.telemetry = LearnerTelemetry(self.redis, settings.consumer, settings.status_interval_s)
         self.telemetry.check_champion = self.champion_problem
         self.release = None
-        if settings.eval_packs:
+        if settings.gate_packs():
             from deploy.learn.release_control import ReleaseControl
             from deploy.learn.suite_runner import SuiteMissing  # the gate's imports: only with one
 
@@ -84,12 +84,7 @@ class Learner:
         if not self._take_lease(wait=not once):
             return False
         self.source.ensure_groups()
-        base = self.registry.ensure_base(self.s.base_model)
-        if base.base_model != self.s.base_model:
-            raise LearnerConfigError(
-                f"this registry's base model is {base.base_model!r} but ARLOOP_BASE_MODEL is "
-                f"{self.s.base_model!r}: set it back, or use a fresh Redis and data directory"
-            )
+        self.registry.ensure_base(self.s.base_model)  # BaseModelMismatch: refused with the fix
         where = self.redis.connection_pool.connection_kwargs
         self.console.print(
             f"learning from redis {where.get('host')}:{where.get('port')} as {self.s.consumer} "
@@ -107,7 +102,7 @@ class Learner:
             self.console.print(f"recovered {p.version}: committed before a crash, now registered")
         if self.release is None:
             self.console.print(
-                "no eval gate configured (ARLOOP_EVAL_PACKS is empty): each "
+                "eval gate off (ARLOOP_EVAL_GATE=false, or ARLOOP_EVAL_PACKS='[]'): each "
                 "round's version becomes champion directly"
             )
         else:
@@ -340,8 +335,10 @@ def main(once: bool = False) -> int:
     from pydantic_settings import SettingsError
 
     from deploy.logs import setup_logging
+    from deploy.settings_errors import explain
     from deploy.telemetry import setup_tracing
     from learner.policy.models import ModelNotFound
+    from learner.policy.registry import BaseModelMismatch
 
     console = Console(soft_wrap=True)  # one line per round, also in a log file
     refusal = integrity.not_rank_zero()
@@ -357,8 +354,9 @@ def main(once: bool = False) -> int:
             _serve_metrics(learner, settings, console)
         return learner.run(once=once)
     except (ValidationError, SettingsError) as exc:
-        console.print(f"[red]arloop learn: invalid ARLOOP_* setting:[/]\n{escape(str(exc))}")
-    except (RedisUnavailable, ModelNotFound, LearnerConfigError) as exc:
+        for line in explain(exc, LearnerSettings):
+            console.print(f"[red]arloop learn:[/] {escape(line)}")
+    except (RedisUnavailable, ModelNotFound, LearnerConfigError, BaseModelMismatch) as exc:
         console.print(f"[red]arloop learn:[/] {exc}")
     return 2
 
