@@ -246,6 +246,49 @@ def eval_gate(
     )
 
 
+# -- arloop export (issue 17) ------------------------------------------------------------------
+@app.command("export")
+def export(
+    fmt: str = typer.Option(
+        ...,
+        "--format",
+        help="trl-grpo (prompt, completion, reward), sft (the same, runs rewarded above 0), "
+        "kto (prompt, completion, label) or dpo (prompt, chosen, rejected).",
+    ),
+    out: Path = typer.Option(
+        ..., "--out", help="The file to write: data.parquet, or data.jsonl (JSON lines)."
+    ),
+    pack: str = typer.Option(
+        None, "--pack", help="Only the runs of this pack's agents (a built-in name or module:attr)."
+    ),
+    since: str = typer.Option(
+        None,
+        "--since",
+        help="Only runs finished since then: 7d, 12h, 30m ago, an ISO date or time, or epoch s.",
+    ),
+    scrub: bool = typer.Option(
+        False,
+        "--scrub",
+        help="Scrub PHI from the rows now, instead of refusing rows that still hold some "
+        "(runs logged with ARLOOP_SCRUB_PHI=false).",
+    ),
+) -> None:
+    """Write the runs the learner has read (ARLOOP_DATA_DIR's learner store) and their feedback
+    as a Hugging Face `datasets` dataset in TRL's column conventions, conversational, with the
+    learner's own rewards (its caps: ARLOOP_ROUND__MAX_USER_REWARD_SHARE). Every text is
+    checked for PHI first. Exit 0 written, 1 refused or nothing to export, 2 cannot run."""
+
+    def run() -> int:
+        from deploy.export import ExportOptions, main
+
+        return main(ExportOptions(fmt, out, pack, since, scrub))
+
+    raise typer.Exit(guarded("export", run, "learner"))
+
+
+# -- end arloop export ---------------------------------------------------------------------------
+
+
 @app.command("stress")
 def stress(
     agent: str = typer.Option(None, "--agent", help="Only this agent (default: every served one)."),

@@ -22,6 +22,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from agents.errors import ArloopError
 from agents.events import FeedbackKind, new_id
 from agents.feedback_intake import FeedbackSubmission
+from agents.packs.base import Pack
 from agents.policy_client import warm_up
 from agents.runtime import AgentSpec
 from agents.trajectory_sink import Scrub
@@ -41,7 +42,7 @@ from deploy.agent_api.schemas import (
     RunResponse,
     errors,
 )
-from deploy.agent_api.services import open_services, phi_scrubber
+from deploy.agent_api.services import open_services, phi_scrubber, score_rule_of
 from deploy.agent_api.streaming import router as streaming_router
 from deploy.embedded_redis import ensure_redis
 from deploy.logs import bind, setup_logging
@@ -69,12 +70,13 @@ async def feedback(body: FeedbackRequest, caller: CallerDep) -> JSONResponse:
             body.trajectory_id,
             body.feedback_token,
             body.kind,
-            body.value,
-            body.text,
+            body.value if body.score is None else body.score,
+            body.text if body.comment is None else body.comment,
             caller.user(body.user_id),
             body.turn,
             caller.key.name,
             caller.rate_per_minute(services.settings.key_rate_per_minute),
+            key=body.key,
         )
         event_id = await services.intake.accept(submission)
     except Exception as exc:  # counted, then answered by the error handlers
@@ -139,7 +141,9 @@ def create_app(
     `settings.scrub_phi` is on; `rng` draws canary arms (seed it in tests).
     """
     settings = settings or AgentApiSettings()
-    specs = specs if specs is not None else _load_packs(settings.packs)
+    packs = _load_packs(settings.packs) if specs is None else []
+    specs = specs if specs is not None else [agent for pack in packs for agent in pack.agents]
+    score_rule = score_rule_of(packs)
     scrub = scrubber if scrubber is not None else phi_scrubber(settings)
     api_metrics = ApiMetrics()
 
@@ -147,7 +151,7 @@ def create_app(
     async def lifespan(app: FastAPI):
         url = settings.redis_url or ensure_redis(None, settings.data_dir)
         await asyncio.to_thread(warm_up)
-        services = open_services(settings, url, specs, api_metrics, scrub, rng)
+        services = open_services(settings, url, specs, api_metrics, scrub, rng, score_rule)
         app.state.services = services
         yield
         await services.redis.aclose()
@@ -194,11 +198,11 @@ def _declare_bearer(schema: dict) -> None:
                 operation["security"] = [{"HTTPBearer": []}]
 
 
-def _load_packs(refs: list[str]) -> list[AgentSpec]:
-    from agents.packs import PackNotFound, load_packs
+def _load_packs(refs: list[str]) -> list[Pack]:
+    from agents.packs import PackNotFound, get_pack
 
     try:
-        return load_packs(refs)
+        return [get_pack(ref) for ref in refs]
     except PackNotFound as exc:
         raise PackNotFound(f"{exc}; fix ARLOOP_PACKS") from exc
 
