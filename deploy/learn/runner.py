@@ -28,6 +28,7 @@ from deploy.learn.metrics import LearnerTelemetry, serve_metrics
 from deploy.learn.plan import LearnerConfigError, round_plan
 from deploy.learn.round_line import summary_line
 from deploy.learn.settings import LearnerSettings
+from deploy.learn.trackers import Trackers, TrackerUnavailable
 from learner.policy.registry import CANDIDATE, CHAMPION, PolicyRegistry
 from learner.publish import recover
 from learner.rounds import RoundAborted, RoundResult, run_round
@@ -46,6 +47,7 @@ class Learner:
         self.redis_url = ensure_redis(settings.redis_url, settings.data_dir)
         self.redis = redis.Redis.from_url(self.redis_url, **settings.redis_options(self.redis_url))
         self.store = Store(Path(settings.data_dir) / "learner" / "store.db")
+        self.trackers = Trackers(settings.report_to, Path(settings.data_dir))  # ARLOOP_REPORT_TO
         self.registry = PolicyRegistry(self.redis)  # fenced by the lease once it is taken
         self.lease = LearnerLease(self.redis, holder_name(settings.consumer), settings.lease_s)
         self.source = TrajectorySource(
@@ -122,6 +124,7 @@ class Learner:
                 return self._loop(once)
             finally:
                 self.lease.release()
+                self.trackers.close()
 
     def _loop(self, once: bool) -> int:
         with self._display() as live:
@@ -239,6 +242,7 @@ class Learner:
             return True
         self.last = result
         self.telemetry.round_done(result.version, result.metrics, result.seconds)
+        self.trackers.log(result.version, result.metrics, result.seconds)
         self.console.print(summary_line(result))
         if result.published.conflict:
             self.console.print(f"[yellow]{result.published.conflict}[/]")
@@ -356,7 +360,13 @@ def main(once: bool = False) -> int:
     except (ValidationError, SettingsError) as exc:
         for line in explain(exc, LearnerSettings):
             console.print(f"[red]arloop learn:[/] {escape(line)}")
-    except (RedisUnavailable, ModelNotFound, LearnerConfigError, BaseModelMismatch) as exc:
+    except (
+        RedisUnavailable,
+        ModelNotFound,
+        LearnerConfigError,
+        BaseModelMismatch,
+        TrackerUnavailable,
+    ) as exc:
         console.print(f"[red]arloop learn:[/] {exc}")
     return 2
 

@@ -85,6 +85,10 @@ class LearnerSettings(ModelSettings, PolicyEndpointSettings):
     metrics_port: int = Field(8002, ge=0, le=65535)
     """Port of the learner's `/metrics` (Prometheus) and `/healthz`; 0: not served. Taken by
     another process: the learner runs on and says so (`--once` never serves them)."""
+    report_to: list[Literal["tensorboard"]] = Field(default_factory=list)
+    """Experiment trackers that get each round's metrics, a JSON list: '["tensorboard"]' writes
+    event files under `data_dir/tensorboard` (needs `pip install 'arloop[tensorboard]'`); empty:
+    none (the learner's /metrics and its round line are always there)."""
     status_interval_s: float = Field(2.0, gt=0.0)
     """How often the stream figures are refreshed (gauges, and the status the dashboard reads)."""
 
