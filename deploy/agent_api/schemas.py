@@ -116,28 +116,45 @@ _VALUE_BY_KIND = {  # what agents.events.check_feedback_value accepts, per kind
         "properties": {
             "key": {"type": "string", "pattern": SCORE_KEY_PATTERN},
             "score": {"type": "number", "minimum": -MAX_SCORE, "maximum": MAX_SCORE},
-        }
+            "value": {"type": "number", "minimum": -MAX_SCORE, "maximum": MAX_SCORE},
+        },
+        "required": ["key"],
+        "anyOf": [  # the number as `score` (or `value`)
+            {"required": [name], "properties": {name: {"type": "number"}}}
+            for name in ("score", "value")
+        ],
     },
 }
 
 
 def _value_fits_kind(schema: dict[str, Any]) -> None:
     """The schema says which value each kind takes (the intake checks it with a reason)."""
-    named = _VALUE_BY_KIND["score"]["properties"]
+    named = _VALUE_BY_KIND["score"]
     schema["anyOf"] = [  # a kind, or a key alone: a named score
-        {"required": ["kind"]},
-        {"required": ["key", "score"], "properties": named},
+        {"required": ["kind"], "properties": {"kind": {"type": "string"}}},
+        named,
     ]
     schema["allOf"] = [
         {
             "if": {"properties": {"kind": {"const": kind}}, "required": ["kind"]},
             "then": {
-                "properties": rule["properties"],
                 "required": rule.get("required", list(rule["properties"])),
+                **{k: v for k, v in rule.items() if k != "required"},
             },
         }
         for kind, rule in _VALUE_BY_KIND.items()
     ]
+    for one, other, kind in (("value", "score", "number"), ("text", "comment", "string")):
+        both = {
+            "required": [one, other],
+            "properties": {one: {"type": kind}, other: {"type": kind}},
+        }
+        schema["allOf"].append({"not": both})  # `value` or `score`, `text` or `comment`
+    for name, kind in (("key", "string"), ("score", "number")):  # only on a named score
+        given = {"required": [name], "properties": {name: {"type": kind}}}
+        schema["allOf"].append(
+            {"if": given, "then": {"properties": {"kind": {"enum": ["score", None]}}}}
+        )
 
 
 class FeedbackRequest(_Body):
@@ -152,7 +169,7 @@ class FeedbackRequest(_Body):
         max_length=32,
         description="thumbs, rating, correction, outcome, or score (a named `key` with a "
         "`score`, as LangSmith and Langfuse take feedback: the kind when `key` is sent alone).",
-        json_schema_extra={"enum": list(_VALUE_BY_KIND)},
+        json_schema_extra={"enum": [*_VALUE_BY_KIND, None]},
     )
     value: float | None = Field(None, allow_inf_nan=False)
     text: str | None = Field(None, max_length=8000)
@@ -187,6 +204,10 @@ class FeedbackRequest(_Body):
                     'score: {"key": "helpfulness", "score": 0.8, "comment": "..."}'
                 )
             self.kind = "score"
+        if self.kind != "score" and (self.key is not None or self.score is not None):
+            raise ValueError(
+                f"key and score make a named score; {self.kind} feedback takes `value`"
+            )
         if self.score is not None and self.value is not None:
             raise ValueError("send a named score's number as `score` or `value`, not both")
         if self.comment is not None and self.text is not None:

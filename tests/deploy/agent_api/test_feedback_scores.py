@@ -123,7 +123,9 @@ def test_a_key_on_another_kind_or_a_score_without_a_key_is_refused(start_api, ll
     keyed = api.feedback(
         trajectory_id=trajectory, feedback_token=token, kind="thumbs", value=1, key="stars"
     )
-    assert keyed.status_code == 422 and "thumbs feedback takes none" in keyed.json()["detail"]
+    assert keyed.status_code == 422 and "thumbs feedback takes `value`" in str(keyed.json())
+    scored = api.feedback(trajectory_id=trajectory, feedback_token=token, kind="rating", score=4)
+    assert scored.status_code == 422 and "make a named score" in str(scored.json())
     keyless = api.feedback(trajectory_id=trajectory, feedback_token=token, kind="score", score=1)
     assert keyless.status_code == 422 and "needs a key" in keyless.json()["detail"]
     assert redis_client.xlen(STREAM_FEEDBACK) == 0
