@@ -172,8 +172,9 @@ def learn(
     """Learn from trajectories and feedback in Redis and publish new policy versions
     (ARLOOP_BASE_MODEL, ARLOOP_MIN_EPISODES, ARLOOP_ROUND_INTERVAL_S,
     ARLOOP_ROUND__FEEDBACK_WINDOW_S, ARLOOP_ROUND__SILENCE_REWARD, ARLOOP_TRAIN__LEARNING_RATE,
-    ARLOOP_TRAIN__FULL_FINETUNE, ARLOOP_EVAL_PACKS, ARLOOP_GUARDS__*, ARLOOP_CANARY__*,
-    ARLOOP_DATA_DIR, ARLOOP_REDIS_URL; all in deploy/learn/settings.py LearnerSettings, the
+    ARLOOP_TRAIN__FULL_FINETUNE, ARLOOP_EVAL_GATE (on by default: every installed pack with
+    an eval suite gates each version; false: straight to champion), ARLOOP_EVAL_PACKS,
+    ARLOOP_GUARDS__*, ARLOOP_CANARY__*, ARLOOP_REPORT_TO, ARLOOP_DATA_DIR, ARLOOP_REDIS_URL; all in deploy/learn/settings.py LearnerSettings, the
     nested ones in the config models it names). Stops cleanly on Ctrl-C."""
 
     def run() -> int:
@@ -238,7 +239,8 @@ def eval_gate(
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
 ) -> None:
-    """Run the eval gate: the packs' held-out suites (ARLOOP_EVAL_PACKS) through the agents
+    """Run the eval gate: the packs' held-out suites (ARLOOP_EVAL_PACKS, by default every
+    installed pack with one) through the agents
     against the policy server (ARLOOP_POLICY_API_BASE), plus the guards (ARLOOP_GUARDS__*)
     and the off-policy estimate (ARLOOP_GATE__*). Exit 0 pass, 1 reject, 2 error."""
     raise typer.Exit(

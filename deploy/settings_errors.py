@@ -5,6 +5,7 @@ example: ARLOOP_PACKS='["tutoring"]'`), never pydantic's traceback or its field 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 from typing import Any, get_args, get_origin
@@ -48,6 +49,8 @@ def _line(err: dict[str, Any], cls: type[BaseModel]) -> str:
     if not loc:  # a check across fields: its message names the variables itself
         return message
     var, field = _variable(loc, cls)
+    example = _example(var, field)
+    var = _set_name(var, field)
     value = err.get("input")
     shown = value if isinstance(value, str) else json.dumps(value, default=str)
     if err["type"] == "renamed_setting":
@@ -60,7 +63,7 @@ def _line(err: dict[str, Any], cls: type[BaseModel]) -> str:
         message = f"not one of {err['ctx']['expected']}"
     else:
         message = _negated(message)
-    return f"{var}: {shown!r} is {message}; example: {_example(var, field)}"
+    return f"{var}: {shown!r} is {message}; example: {example}"
 
 
 def _variable(loc: list[str], cls: type[BaseModel]) -> tuple[str, FieldInfo | None]:
@@ -77,6 +80,13 @@ def _variable(loc: list[str], cls: type[BaseModel]) -> tuple[str, FieldInfo | No
         field = model.model_fields.get(part) if _is_model(model) else None
         model = field.annotation if field is not None else None
     return PREFIX + "__".join(loc).upper(), field
+
+
+def _set_name(var: str, field: FieldInfo | None) -> str:
+    """Of a field's variables (ARLOOP_POLICY_PORT, then ARLOOP_PORT), the one the user set."""
+    names = _aliases(field) if field is not None else []
+    env = {k.upper() for k in os.environ}
+    return next((n for n in names if n in env), var)
 
 
 def _aliases(field: FieldInfo) -> list[str]:
@@ -106,7 +116,10 @@ def _example(var: str, field: FieldInfo | None) -> str:
         first = next(iter(type(default).model_fields), "")
         return f"{var}__{first.upper()}={_scalar(getattr(default, first, ''))}"
     if default is None or default == []:
-        return f"{var}={_quote(json.dumps(['...']))}" if _is_list(field.annotation) else var + "="
+        if not _is_list(field.annotation):
+            return var + "="
+        item = [a for arg in args for a in get_args(arg) if isinstance(a, str)][:1] or ["..."]
+        return f"{var}={_quote(json.dumps(item))}"  # list[Literal[...]]: one of its values
     return f"{var}={_scalar(default)}"
 
 
