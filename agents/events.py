@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 import uuid
 from enum import StrEnum
@@ -175,6 +176,14 @@ class FeedbackKind(StrEnum):
     CORRECTION = "correction"  # text: what the answer should have been; value unused
     OUTCOME = "outcome"  # value 0..1: did the user's task succeed
     VERIFIER = "verifier"  # value 0..1: an automatic check of the answer
+    SCORE = "score"  # a named score (`key`, as LangSmith and Langfuse take it): any finite value,
+    # text an optional comment; `reward` is its pack's reading of it (`Pack.score_reward`)
+
+
+SCORE_KEY_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:/-]{0,63}$"
+"""A named score's key: `helpfulness`, `correctness/v2`, ... (1-64 characters)."""
+MAX_SCORE = 1e9
+"""Largest |value| a named score takes (its scale is the team's; nothing sane is larger)."""
 
 
 def check_feedback_value(kind: FeedbackKind, value: float | None, text: str | None) -> None:
@@ -189,6 +198,29 @@ def check_feedback_value(kind: FeedbackKind, value: float | None, text: str | No
         raise ValueError(f"{kind.value} takes a value from 0 to 1")
     if kind is FeedbackKind.CORRECTION and not (text and text.strip()):
         raise ValueError("correction needs a non-empty text")
+    if kind is FeedbackKind.SCORE and (value is None or not abs(value) <= MAX_SCORE):
+        raise ValueError(
+            f"a named score takes a finite number from {-MAX_SCORE:g} to {MAX_SCORE:g}"
+        )
+
+
+def check_score_key(kind: FeedbackKind, key: str | None) -> None:
+    """Raise ValueError unless a named score has a valid `key` and other kinds have none."""
+    if kind is not FeedbackKind.SCORE:
+        if key is not None:
+            raise ValueError(f"key names a score; {kind.value} feedback takes none")
+        return
+    if key is None or not re.fullmatch(SCORE_KEY_PATTERN, key):
+        raise ValueError(
+            "a named score needs a key of 1-64 letters, digits or _ . : / - "
+            "(starting with a letter or digit), e.g. 'helpfulness'"
+        )
+
+
+def feedback_slot(kind: FeedbackKind, key: str | None) -> str:
+    """What one piece of feedback occupies on a trajectory: its kind, or `score:<key>` (each
+    named score is its own): accepted once per trajectory, the latest word per sender."""
+    return f"score:{key}" if kind is FeedbackKind.SCORE else kind.value
 
 
 class FeedbackEvent(_Event):
@@ -204,11 +236,22 @@ class FeedbackEvent(_Event):
     source: Literal["user", "verifier", "system"] = "user"
     agent: str | None = None  # the agent that ran (from the token; None on older tokens)
     credential: str | None = None  # the API key's name it came with (None: older events)
+    key: str | None = None  # a named score's name (kind `score` only)
+    reward: float | None = Field(None, ge=-1.0, le=1.0, allow_inf_nan=False)
+    """A named score as a reward, by its pack's rule when it arrived (None: not learned from)."""
 
     @model_validator(mode="after")
     def _value_fits_kind(self) -> FeedbackEvent:
         check_feedback_value(self.kind, self.value, self.text)
+        check_score_key(self.kind, self.key)
+        if self.reward is not None and self.kind is not FeedbackKind.SCORE:
+            raise ValueError("only a named score carries a reward; the others are read by kind")
         return self
+
+    @property
+    def slot(self) -> str:
+        """Its kind, or `score:<key>` (see `feedback_slot`)."""
+        return feedback_slot(self.kind, self.key)
 
 
 class PolicyPublished(_Event):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import math
 import secrets
 import time
 from collections.abc import Callable
@@ -28,7 +29,9 @@ from agents.events import (
     FeedbackEvent,
     FeedbackKind,
     check_feedback_value,
+    check_score_key,
     encode,
+    feedback_slot,
 )
 from agents.feedback_tokens import MAX_TOKEN_TTL_S, TokenClaims, TokenError, check_scope, verify
 
@@ -37,7 +40,10 @@ USER_KINDS = (
     FeedbackKind.RATING,
     FeedbackKind.CORRECTION,
     FeedbackKind.OUTCOME,
+    FeedbackKind.SCORE,
 )
+ScoreRule = Callable[[str | None, str, float], float | None]
+"""(agent, key, score) -> reward in [-1, 1] or None: the served packs' `score_reward`."""
 
 # KEYS: the user's rate window, replay marker, stream, the credential's rate window.
 # ARGV: user limit, window s, marker ttl s, marker value (event id|nonce), credential limit
@@ -85,6 +91,8 @@ class FeedbackSubmission:
     """The API key's name it came with (the reward cap counts per credential too)."""
     credential_rate_per_minute: int | None = None
     """Feedback that credential may send per minute, all its users together (None: no limit)."""
+    key: str | None = None
+    """A named score's name (kind `score`; `value` is the score, `text` the comment)."""
 
 
 def feedback_event_id(trajectory_id: str, kind: str) -> str:
@@ -101,10 +109,12 @@ class FeedbackIntake:
         secret: str,
         rate_per_minute: int,
         scrub: Callable[[str], str] | None = None,
+        score_reward: ScoreRule | None = None,
     ) -> None:
         self.secret = secret
         self.rate_per_minute = rate_per_minute
         self.scrub = scrub  # a correction's text is user text: PHI scrubbed before Redis
+        self.score_reward = score_reward  # None: named scores are kept but not learned from
         self._accept = client.register_script(_ACCEPT)
 
     async def accept(self, sub: FeedbackSubmission) -> str:
@@ -126,10 +136,11 @@ class FeedbackIntake:
         kind = _kind(sub.kind)
         try:
             check_feedback_value(kind, sub.value, sub.text)
+            check_score_key(kind, sub.key)
         except ValueError as exc:
             raise FeedbackRejected(422, str(exc)) from exc
         return FeedbackEvent(
-            event_id=feedback_event_id(claims.trajectory_id, kind.value),
+            event_id=feedback_event_id(claims.trajectory_id, feedback_slot(kind, sub.key)),
             trajectory_id=claims.trajectory_id,
             user_id=claims.user_id,
             kind=kind,
@@ -139,14 +150,28 @@ class FeedbackIntake:
             turn=sub.turn,
             agent=claims.agent,
             credential=sub.credential,
+            key=sub.key,
+            reward=self._reward(claims.agent, kind, sub.key, sub.value),
         )
+
+    def _reward(
+        self, agent: str | None, kind: FeedbackKind, key: str | None, score: float | None
+    ) -> float | None:
+        """A named score read by its pack's rule; whatever the rule returns, a reward in [-1, 1]
+        or None (a rule is a team's code: NaN or 7 must not reach the learner)."""
+        if kind is not FeedbackKind.SCORE or self.score_reward is None or key is None:
+            return None
+        reward = self.score_reward(agent, key, float(score))  # type: ignore[arg-type]
+        if reward is None or not math.isfinite(reward):
+            return None
+        return min(1.0, max(-1.0, float(reward)))
 
     async def _write(self, event: FeedbackEvent, claims: TokenClaims, key_limit: int) -> str:
         now = time.time()
         window = int(now // 60)
         keys = [
             f"{RATE_PREFIX}:feedback:{claims.user_id}:{window}",
-            f"{FEEDBACK_SEEN_PREFIX}:{event.trajectory_id}:{event.kind.value}",
+            f"{FEEDBACK_SEEN_PREFIX}:{event.trajectory_id}:{event.slot}",
             STREAM_FEEDBACK,
             f"{RATE_PREFIX}:feedback-key:{event.credential}:{window}",
         ]
@@ -176,8 +201,9 @@ class FeedbackIntake:
         if status == "dup":
             raise FeedbackRejected(
                 409,
-                f"{event.kind.value} feedback on this trajectory was already accepted "
-                f"(event_id {detail.split('|')[0]}); each kind is taken once per trajectory",
+                f"{event.slot} feedback on this trajectory was already accepted "
+                f"(event_id {detail.split('|')[0]}); each kind (each named score) is taken "
+                "once per trajectory",
             )
         return event.event_id
 

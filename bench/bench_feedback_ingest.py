@@ -89,7 +89,7 @@ PEER = (  # the settings `arloop serve agents` runs uvicorn with (deploy/agent_a
 def start_server(code: str, port: int, env: dict[str, str]) -> subprocess.Popen:
     """A uvicorn process, returned once it answers."""
     proc = subprocess.Popen(
-        [sys.executable, "-c", code], cwd=ROOT, env=env | {"ARLOOP_PORT": str(port)}
+        [sys.executable, "-c", code], cwd=ROOT, env=env | {"ARLOOP_AGENTS_PORT": str(port)}
     )
     for _ in range(300):
         try:

@@ -126,7 +126,7 @@ def start_server(redis_url: str, data_dir: Path, threads: int, env: dict) -> tup
         **os.environ,
         "ARLOOP_REDIS_URL": redis_url,
         "ARLOOP_BASE_MODEL": "smollm2",
-        "ARLOOP_PORT": str(port),
+        "ARLOOP_POLICY_PORT": str(port),
         "ARLOOP_DATA_DIR": str(data_dir),
         "ARLOOP_LOG_LEVEL": "WARNING",
         "ARLOOP_RELOAD_POLL_S": "5",

@@ -174,7 +174,7 @@ def main() -> None:
         [sys.executable, "-c", "from deploy.agent_api.app import serve; serve()"],
         {
             "ARLOOP_REDIS_URL": redis_server.url,
-            "ARLOOP_PORT": str(api_port),
+            "ARLOOP_AGENTS_PORT": str(api_port),
             "ARLOOP_POLICY_API_BASE": llm_url,
             "ARLOOP_POLICY_RETRIES": "0",
             "ARLOOP_PACKS": '["tutoring"]',

@@ -36,42 +36,141 @@ packs_app = typer.Typer(
 app.add_typer(packs_app, name="packs")
 
 
-def _serve(command: str, serve: Callable[[], None], *refused: type[Exception]) -> None:
-    """Run a server; a bad setting (or a `refused` error) is a message and exit 2, no traceback."""
+# -- errors as one line each, missing extras, --version, --host/--port (issue 17) -----------
+LEARN_MODULES = frozenset(
+    {"torch", "transformers", "safetensors", "peft", "accelerate", "gguf", "matplotlib"}
+    | {"datasets", "pyarrow"}
+)
+"""Top-level modules only the `learn` extra installs (numpy and tokenizers come with `serve`
+too, through presidio and litellm): a command that needs one says so."""
+
+
+def _version(show: bool) -> None:
+    if show:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            typer.echo(f"arloop {version('arloop')}")
+        except PackageNotFoundError:  # run from a checkout that was never installed
+            typer.echo("arloop (not installed: run from a source checkout)")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    show_version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
+) -> None:
+    """arloop: deploy LLM agents and keep making them better from what their users say."""
+
+
+class Refused(Exception):
+    """A process refused to start; the message says why and what to do."""
+
+
+def guarded(command: str, run: Callable[[], object], settings: str, *refused: type[Exception]):
+    """Run a command; a bad ARLOOP_* setting (one line per variable), a missing extra or a
+    `refused` error is a message and exit 2, never a traceback. `settings`: which class the
+    command reads (`agents`, `policy`, `learner`, `vllm-sync`), for the examples of the messages."""
     from pydantic import ValidationError
     from pydantic_settings import SettingsError
 
     try:
-        serve()
-    except (ValidationError, SettingsError, *refused) as exc:
+        return run()
+    except (ValidationError, SettingsError) as exc:
+        for line in explain_settings(exc, settings):
+            typer.echo(f"arloop {command}: {line}", err=True)
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").partition(".")[0] not in LEARN_MODULES:
+            raise
+        typer.echo(
+            f"arloop {command} needs the learner's dependencies ({exc.name} is not installed): "
+            "pip install 'arloop[learn]'",
+            err=True,
+        )
+    except refused as exc:
         typer.echo(f"arloop {command}: {exc}", err=True)
-        raise typer.Exit(2) from None
+    raise typer.Exit(2)
+
+
+def explain_settings(exc: Exception, settings: str) -> list[str]:
+    """The settings error as one line per variable (deploy/settings_errors.py)."""
+    from deploy import settings as serving
+    from deploy.settings_errors import explain
+
+    if settings == "learner":
+        from deploy.learn.settings import LearnerSettings as cls
+    elif settings == "vllm-sync":
+        from deploy.vllm_sync.settings import VllmSyncSettings as cls
+    else:
+        cls = {"agents": serving.AgentApiSettings, "policy": serving.PolicyServerSettings}[settings]
+    return explain(exc, cls)  # type: ignore[arg-type]
+
+
+def listen_on(process: str, host: str | None, port: int | None) -> None:
+    """`--host/--port` win over ARLOOP_<PROCESS>_HOST/_PORT (the settings read those)."""
+    if host is not None:
+        os.environ[f"ARLOOP_{process}_HOST"] = host
+    if port is not None:
+        os.environ[f"ARLOOP_{process}_PORT"] = str(port)
+
+
+HOST_HELP = "Interface to listen on (default: ARLOOP_{0}_HOST, else ARLOOP_HOST, else 127.0.0.1)."
+PORT_HELP = "Port to listen on (default: ARLOOP_{0}_PORT, else ARLOOP_PORT, else {1})."
+
+
+# -- end errors, extras, version, flags ------------------------------------------------------
 
 
 @serve_app.command("agents")
-def serve_agents() -> None:
-    """Serve the agent API (ARLOOP_HOST, ARLOOP_PORT, ARLOOP_API_KEYS, ARLOOP_SECRET_KEY,
-    ARLOOP_PACKS, ARLOOP_POLICY_API_BASE, ARLOOP_POLICY_MODEL, ARLOOP_POLICY_PROVIDER,
-    ARLOOP_POLICY_FALLBACKS, ARLOOP_AGENT_MODELS, ARLOOP_CANARY_SHARE,
+def serve_agents(
+    host: str = typer.Option(None, "--host", help=HOST_HELP.format("AGENTS")),
+    port: int = typer.Option(
+        None, "--port", min=0, max=65535, help=PORT_HELP.format("AGENTS", 8000)
+    ),
+) -> None:
+    """Serve the agent API (ARLOOP_AGENTS_HOST, ARLOOP_AGENTS_PORT, ARLOOP_API_KEYS,
+    ARLOOP_SECRET_KEY, ARLOOP_PACKS, ARLOOP_POLICY_API_BASE, ARLOOP_POLICY_MODEL,
+    ARLOOP_POLICY_PROVIDER, ARLOOP_POLICY_FALLBACKS, ARLOOP_AGENT_MODELS, ARLOOP_CANARY_SHARE,
     ARLOOP_REDIS_URL; all in deploy/settings.py AgentApiSettings)."""
     from agents.model_routes import ModelRouteError
     from agents.packs import PackNotFound
-    from deploy.agent_api.app import serve
 
-    _serve("serve agents", serve, PackNotFound, ModelRouteError)
+    def run() -> None:
+        from deploy.agent_api.app import serve
+
+        serve()
+
+    listen_on("AGENTS", host, port)
+    guarded("serve agents", run, "agents", PackNotFound, ModelRouteError)
 
 
 @serve_app.command("policy")
-def serve_policy() -> None:
+def serve_policy(
+    host: str = typer.Option(None, "--host", help=HOST_HELP.format("POLICY")),
+    port: int = typer.Option(
+        None, "--port", min=0, max=65535, help=PORT_HELP.format("POLICY", 8001)
+    ),
+) -> None:
     """Serve the policy over an OpenAI-compatible API (ARLOOP_BASE_MODEL, ARLOOP_MODEL_CACHE,
-    ARLOOP_PORT, ARLOOP_TOOL_FORMAT, ARLOOP_POLICY_ENGINE (llamacpp where installed, else
-    transformers), ARLOOP_LLAMACPP_QUANT, ARLOOP_LLAMACPP_THREADS, ARLOOP_REDIS_URL; all in
-    deploy/settings.py PolicyServerSettings); follows the registry's champion and hot-reloads
-    new versions."""
-    from deploy.policy_server.app import serve
-    from deploy.policy_server.engines import EngineUnavailable
+    ARLOOP_POLICY_HOST, ARLOOP_POLICY_PORT, ARLOOP_TOOL_FORMAT, ARLOOP_POLICY_ENGINE (llamacpp
+    where installed, else transformers), ARLOOP_LLAMACPP_QUANT, ARLOOP_LLAMACPP_THREADS,
+    ARLOOP_REDIS_URL; all in deploy/settings.py PolicyServerSettings); follows the registry's
+    champion and hot-reloads new versions. Needs `arloop[learn]` (torch)."""
+    from learner.policy.registry import BaseModelMismatch
 
-    _serve("serve policy", serve, EngineUnavailable)
+    def run() -> None:
+        from deploy.policy_server.app import serve
+        from deploy.policy_server.engines import EngineUnavailable
+
+        try:
+            serve()
+        except EngineUnavailable as exc:
+            raise Refused(str(exc)) from None
+
+    listen_on("POLICY", host, port)
+    guarded("serve policy", run, "policy", Refused, BaseModelMismatch)
 
 
 @serve_app.command("vllm-sync")
@@ -93,9 +192,9 @@ def serve_vllm_sync(
     from deploy.vllm_sync.app import check_command, serve
 
     if check:
-        _serve("serve vllm-sync --check", check_command)
+        guarded("serve vllm-sync --check", check_command, "vllm-sync")
     else:
-        _serve("serve vllm-sync", lambda: serve(once=once))
+        guarded("serve vllm-sync", lambda: serve(once=once), "vllm-sync")
 
 
 @app.command("learn")
@@ -107,12 +206,28 @@ def learn(
     """Learn from trajectories and feedback in Redis and publish new policy versions
     (ARLOOP_BASE_MODEL, ARLOOP_MIN_EPISODES, ARLOOP_ROUND_INTERVAL_S,
     ARLOOP_ROUND__FEEDBACK_WINDOW_S, ARLOOP_ROUND__SILENCE_REWARD, ARLOOP_TRAIN__LEARNING_RATE,
-    ARLOOP_TRAIN__FULL_FINETUNE, ARLOOP_EVAL_PACKS, ARLOOP_GUARDS__*, ARLOOP_CANARY__*,
-    ARLOOP_DATA_DIR, ARLOOP_REDIS_URL; all in deploy/learn/settings.py LearnerSettings, the
+    ARLOOP_TRAIN__FULL_FINETUNE, ARLOOP_EVAL_GATE (on by default: every installed pack with
+    an eval suite gates each version; false: straight to champion), ARLOOP_EVAL_PACKS,
+    ARLOOP_GUARDS__*, ARLOOP_CANARY__*, ARLOOP_REPORT_TO, ARLOOP_DATA_DIR, ARLOOP_REDIS_URL; all in deploy/learn/settings.py LearnerSettings, the
     nested ones in the config models it names). Stops cleanly on Ctrl-C."""
-    from deploy.learn.runner import main
 
-    raise typer.Exit(main(once=once))
+    def run() -> int:
+        from deploy.learn.runner import main
+
+        return main(once=once)
+
+    raise typer.Exit(guarded("learn", run, "learner"))
+
+
+def _release(command: str, **kwargs: object) -> int:
+    """`arloop policy ...` and `arloop eval` (deploy/commands.py), through `guarded`."""
+
+    def run() -> int:
+        from deploy.commands import main
+
+        return main(command, **kwargs)
+
+    return guarded("eval" if command == "eval" else f"policy {command}", run, "learner")
 
 
 @policy_app.command("list")
@@ -121,9 +236,7 @@ def policy_list(
 ) -> None:
     """Versions (status, aliases, gate verdict and why) and the last moves in the registry
     (ARLOOP_REDIS_URL)."""
-    from deploy.commands import main
-
-    raise typer.Exit(main("list", events=events))
+    raise typer.Exit(_release("list", events=events))
 
 
 @policy_app.command("promote")
@@ -132,9 +245,7 @@ def policy_promote(
     force: bool = typer.Option(False, "--force", help="Promote even a version the gate rejected."),
 ) -> None:
     """Make a version the champion (compare-and-set: refused if another writer moved it first)."""
-    from deploy.commands import main
-
-    raise typer.Exit(main("promote", version=version, force=force))
+    raise typer.Exit(_release("promote", version=version, force=force))
 
 
 @policy_app.command("rollback")
@@ -147,9 +258,7 @@ def policy_rollback(
     ),
 ) -> None:
     """Put the champion back to an earlier version (its checkpoint must still exist)."""
-    from deploy.commands import main
-
-    raise typer.Exit(main("rollback", to=to, candidate=candidate))
+    raise typer.Exit(_release("rollback", to=to, candidate=candidate))
 
 
 @packs_app.command("list")
@@ -192,12 +301,56 @@ def eval_gate(
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
 ) -> None:
-    """Run the eval gate: the packs' held-out suites (ARLOOP_EVAL_PACKS) through the agents
+    """Run the eval gate: the packs' held-out suites (ARLOOP_EVAL_PACKS, by default every
+    installed pack with one) through the agents
     against the policy server (ARLOOP_POLICY_API_BASE), plus the guards (ARLOOP_GUARDS__*)
     and the off-policy estimate (ARLOOP_GATE__*). Exit 0 pass, 1 reject, 2 error."""
-    from deploy.commands import main
+    raise typer.Exit(
+        _release("eval", version=version, against=against, apply=apply, as_json=as_json)
+    )
 
-    raise typer.Exit(main("eval", version=version, against=against, apply=apply, as_json=as_json))
+
+# -- arloop export (issue 17) ------------------------------------------------------------------
+@app.command("export")
+def export(
+    fmt: str = typer.Option(
+        ...,
+        "--format",
+        help="trl-grpo (prompt, completion, reward), sft (the same, runs rewarded above 0), "
+        "kto (prompt, completion, label) or dpo (prompt, chosen, rejected).",
+    ),
+    out: Path = typer.Option(
+        ..., "--out", help="The file to write: data.parquet, or data.jsonl (JSON lines)."
+    ),
+    pack: str = typer.Option(
+        None, "--pack", help="Only the runs of this pack's agents (a built-in name or module:attr)."
+    ),
+    since: str = typer.Option(
+        None,
+        "--since",
+        help="Only runs finished since then: 7d, 12h, 30m ago, an ISO date or time, or epoch s.",
+    ),
+    scrub: bool = typer.Option(
+        False,
+        "--scrub",
+        help="Scrub PHI from the rows now, instead of refusing rows that still hold some "
+        "(runs logged with ARLOOP_SCRUB_PHI=false).",
+    ),
+) -> None:
+    """Write the runs the learner has read (ARLOOP_DATA_DIR's learner store) and their feedback
+    as a Hugging Face `datasets` dataset in TRL's column conventions, conversational, with the
+    learner's own rewards (its caps: ARLOOP_ROUND__MAX_USER_REWARD_SHARE). Every text is
+    checked for PHI first. Exit 0 written, 1 refused or nothing to export, 2 cannot run."""
+
+    def run() -> int:
+        from deploy.export import ExportOptions, main
+
+        return main(ExportOptions(fmt, out, pack, since, scrub))
+
+    raise typer.Exit(guarded("export", run, "learner"))
+
+
+# -- end arloop export ---------------------------------------------------------------------------
 
 
 @app.command("stress")
@@ -208,9 +361,14 @@ def stress(
     instruction planted in every tool output) through the served agents (ARLOOP_PACKS) against
     the policy endpoint (ARLOOP_POLICY_API_BASE, ARLOOP_POLICY_MODEL); the runs go to
     arloop:eval:trajectories (never trained on) and show on the report card."""
-    from deploy.stress import main
+    from agents.packs import PackNotFound
 
-    raise typer.Exit(main(agent))
+    def run() -> int:
+        from deploy.stress import main
+
+        return main(agent)
+
+    raise typer.Exit(guarded("stress", run, "agents", PackNotFound))
 
 
 @app.command("demo")

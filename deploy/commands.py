@@ -27,6 +27,7 @@ from agents.events import (
 )
 from deploy.embedded_redis import RedisUnavailable, ensure_redis
 from deploy.learn.settings import LearnerSettings
+from deploy.settings_errors import explain
 from learner.gate.release import ReleaseError, end_canary, promote, rollback
 from learner.policy.registry import (
     CANDIDATE,
@@ -217,7 +218,9 @@ def main(command: str, **kwargs: Any) -> int:
         }
         return handlers[command](settings, console, **kwargs)
     except (ValidationError, SettingsError) as exc:
-        console.print(f"[red]invalid ARLOOP_* setting:[/]\n{escape(str(exc))}")
+        for line in explain(exc, LearnerSettings):
+            console.print(f"[red]invalid setting:[/] {escape(line)}")
+
     except (RedisUnavailable, redis.ConnectionError) as exc:
         console.print(f"[red]cannot reach Redis:[/] {exc} (set ARLOOP_REDIS_URL)")
     return CANNOT

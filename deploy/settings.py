@@ -17,7 +17,14 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 from urllib.parse import unquote, urlsplit
 
-from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import (
+    AliasChoices,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import InitErrorDetails, PydanticCustomError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
@@ -45,6 +52,17 @@ EVERY_INTERFACE = ("0.0.0.0", "::", "[::]")
 log = logging.getLogger("arloop.settings")
 
 
+# -- per-process listening address (issue 17) ----------------------------------------------
+def process_var(process: str, name: str) -> Any:
+    """`ARLOOP_<PROCESS>_<NAME>`, else the shared `ARLOOP_<NAME>` (read before each process had
+    its own): one `.env` can hold the agent API's and the policy server's ports."""
+    own = f"{PREFIX}{process}_{name}".upper()
+    return AliasChoices(own, f"{PREFIX}{name}".upper())
+
+
+# -- end per-process listening address ----------------------------------------------------
+
+
 class CommonSettings(BaseSettings):
     """What every arloop process shares."""
 
@@ -52,6 +70,7 @@ class CommonSettings(BaseSettings):
         env_prefix=PREFIX,
         env_file=".env",
         extra="ignore",
+        populate_by_name=True,  # `AgentApiSettings(port=...)` as well as ARLOOP_AGENTS_PORT
         env_nested_delimiter="__",
         use_attribute_docstrings=True,
     )
@@ -116,7 +135,8 @@ class CommonSettings(BaseSettings):
         if host in EVERY_INTERFACE:
             log.warning(
                 "listening on every interface (%s) in production: keep the port behind a "
-                "TLS-terminating gateway or firewall, or set ARLOOP_HOST to one interface",
+                "TLS-terminating gateway or firewall, or set ARLOOP_AGENTS_HOST / ARLOOP_POLICY_HOST to "
+                "one interface",
                 host,
             )
         return self
@@ -214,10 +234,12 @@ class ModelSettings(CommonSettings):
 class AgentApiSettings(PolicyEndpointSettings):
     """`arloop serve agents`: the agent API."""
 
-    host: str = "127.0.0.1"
-    """Interface the agent API listens on."""
-    port: int = 8000
-    """Port the agent API listens on."""
+    host: str = Field("127.0.0.1", validation_alias=process_var("agents", "host"))
+    """Interface the agent API listens on: `ARLOOP_AGENTS_HOST` (else `ARLOOP_HOST`), or
+    `arloop serve agents --host`."""
+    port: int = Field(8000, ge=0, le=65535, validation_alias=process_var("agents", "port"))
+    """Port the agent API listens on: `ARLOOP_AGENTS_PORT` (else `ARLOOP_PORT`), or
+    `arloop serve agents --port`."""
     api_keys: list[ApiKey] = Field(default_factory=lambda: [ApiKey(**plain_key(DEV_API_KEY))])
     """Client credentials, a JSON list: a bare key string (any user_id), or an object binding
     the key to a tenant and an identity, e.g. `{"key": "...", "name": "web", "tenant": "acme",
@@ -329,10 +351,12 @@ class AgentApiSettings(PolicyEndpointSettings):
 class PolicyServerSettings(ModelSettings):
     """`arloop serve policy`: the embedded OpenAI-compatible policy server."""
 
-    host: str = "127.0.0.1"
-    """Interface the policy server listens on."""
-    port: int = 8001
-    """Port the policy server listens on."""
+    host: str = Field("127.0.0.1", validation_alias=process_var("policy", "host"))
+    """Interface the policy server listens on: `ARLOOP_POLICY_HOST` (else `ARLOOP_HOST`), or
+    `arloop serve policy --host`."""
+    port: int = Field(8001, ge=0, le=65535, validation_alias=process_var("policy", "port"))
+    """Port the policy server listens on: `ARLOOP_POLICY_PORT` (else `ARLOOP_PORT`), or
+    `arloop serve policy --port`."""
     served_name: str = "arloop"
     """The model name clients use: `arloop`, `arloop@champion`, `arloop@v3`."""
     max_tokens_cap: int = 1024

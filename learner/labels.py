@@ -4,7 +4,7 @@ A label is what a verifier can check a resampled run against (`learner.resample`
 each in log-odds under the feedback noise (`noise`: the share of judgements that are flipped):
 - a positive judgement (thumbs up, rating 4-5, outcome or verifier above one half) on a run
   whose final answer the pack can read votes for that answer, a negative one against it; the
-  strength is the judgement's score (`learner.rewards.feedback_score`: a 4-star rating counts
+  strength is the judgement's score (`learner.rewards.event_score`: a 4-star rating counts
   half a thumbs-up) times logit(1 - noise);
 - a correction votes for the answer its text states (`reference_from`), as strongly as a
   thumbs-up (a correction with no readable answer is no vote);
@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from agents.events import AnswerPath, FeedbackEvent, FeedbackKind, TrajectoryEvent
 from learner.episodes import Episode
 from learner.policy.chat_format import ToolFormat
-from learner.rewards import feedback_score, sender_scales
+from learner.rewards import event_score, sender_scales
 from tools.base import Tool
 
 Reader = Callable[[str], str | None]
@@ -99,7 +99,7 @@ def prompt_key(trajectory: TrajectoryEvent) -> str:
 def _latest(feedback: Sequence[FeedbackEvent]) -> list[FeedbackEvent]:
     latest: dict[tuple[str, str, int | None], FeedbackEvent] = {}
     for f in sorted(feedback, key=lambda f: f.created_at):
-        latest[(f.user_id, f.kind.value, f.turn)] = f
+        latest[(f.user_id, f.slot, f.turn)] = f
     return list(latest.values())
 
 
@@ -119,7 +119,7 @@ def episode_votes(episode: Episode, readers: Grounding, noise: float) -> list[Vo
                     Vote(key, said, strength, f.user_id, capped, f.kind.value, f.credential)
                 )
             continue
-        score = feedback_score(f.kind, f.value)
+        score = event_score(f)
         if served is not None and score:
             votes.append(
                 Vote(key, served, score * strength, f.user_id, capped, f.kind.value, f.credential)

@@ -2,10 +2,12 @@
 
 The rule, in order:
 1. Each feedback maps to a score in [-1, 1]: thumbs is its value (+1 / -1); a rating r in 1..5
-   is (r - 3) / 2; an outcome or verifier result v in 0..1 is 2v - 1. A correction has no score:
-   it becomes a preference pair (see `learner/samples.py`).
-2. Within an episode only the latest word of each (sender, kind, turn) counts: a user who turns
-   a thumbs-up into a thumbs-down is counted once, with the down.
+   is (r - 3) / 2; an outcome or verifier result v in 0..1 is 2v - 1; a named score is the
+   reward its pack's rule gave it on arrival (`FeedbackEvent.reward`; None: not learned from).
+   A correction has no score: it becomes a preference pair (see `learner/samples.py`).
+2. Within an episode only the latest word of each (sender, kind, turn) counts (each named score
+   is a kind of its own): a user who turns a thumbs-up into a thumbs-down is counted once,
+   with the down.
 3. Poisoning cap: over the batch, a user's reward mass is the sum of |score| of what they sent;
    no user may hold more than `max_user_share` of the total user mass (raised to 1/n when n
    users cannot all fit under it). Users above are scaled down, water-filling style, so the
@@ -59,17 +61,24 @@ def feedback_score(kind: FeedbackKind, value: float | None) -> float | None:
     return None
 
 
+def event_score(f: FeedbackEvent) -> float | None:
+    """One feedback event's score in [-1, 1] (a named score: its pack's reward), or None."""
+    if f.kind is FeedbackKind.SCORE:
+        return f.reward
+    return feedback_score(f.kind, f.value)
+
+
 def scored(feedback: Sequence[FeedbackEvent]) -> list[Scored]:
     """Scores of an episode's feedback, latest word per (sender, kind, turn) only."""
     latest: dict[tuple[str, str, int | None], Scored] = {}
     for f in sorted(feedback, key=lambda f: f.created_at):
-        score = feedback_score(f.kind, f.value)
+        score = event_score(f)
         if score is not None:
-            key = (f.user_id, f.kind.value, f.turn)
+            key = (f.user_id, f.slot, f.turn)
             latest[key] = Scored(
                 f.user_id,
                 f.source == "user",
-                f.kind.value,
+                f.slot,
                 f.turn,
                 score,
                 f.created_at,

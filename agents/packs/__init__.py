@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from agents.packs.base import Pack, Split, Task
-from agents.packs.loading import PackNotFound, get_pack, load_packs, registered
+from agents.packs.loading import PackNotFound, agents_of, get_pack, load_packs, registered
 from agents.runtime import AgentSpec
 
 KB_DIR = Path(__file__).parent / "kb"
@@ -25,6 +25,7 @@ __all__ = [
     "PackNotFound",
     "Split",
     "Task",
+    "agents_of",
     "get_pack",
     "load_packs",
     "registered",

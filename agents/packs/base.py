@@ -20,6 +20,14 @@ from agents.events import ModelStep
 from agents.runtime import AgentSpec
 
 Split = Literal["train", "eval"]
+ScoreReward = Callable[[str, float], float | None]
+"""A pack's reading of a named score: (key, score) -> reward in [-1, 1], or None."""
+
+
+def default_score_reward(key: str, score: float) -> float | None:
+    """A named score in [0, 1] as the reward 2s - 1 (as an outcome); a score on another scale
+    is the pack's to read (`Pack.score_reward`): None, not learned from."""
+    return 2.0 * score - 1.0 if 0.0 <= score <= 1.0 else None
 
 
 @dataclass(frozen=True)
@@ -67,6 +75,9 @@ class Pack:
     reference_from: Callable[[str], str | None] | None = None
     """The answer a user's correction states (`it's 30`, `this was urgent`), normalised as
     `answer_of`'s; None: the correction's text is read with `answer_of`."""
+    score_reward: ScoreReward = default_score_reward
+    """How a named score (`{"key": "helpfulness", "score": 4}` on `POST /v1/feedback`) becomes
+    a reward in [-1, 1] (None: not learned from); read when the feedback arrives."""
     first_turn: Callable[[Task, ModelStep], float] | None = None
     """Score an agent's first model call alone in [0, 1] (the tutor: does its calculator call
     compute the answer): the cheap form of an eval run that the gate's sampled test uses,

@@ -107,10 +107,16 @@ def get_pack(
 def load_packs(refs: list[str]) -> list[AgentSpec]:
     """The agents of the packs `refs` name (see `get_pack`); PackNotFound for a bad one, or
     for two packs that serve an agent of the same name."""
+    return agents_of([get_pack(ref) for ref in refs], refs)
+
+
+def agents_of(packs: list[Pack], refs: list[str]) -> list[AgentSpec]:
+    """The agents of `packs` (loaded from `refs`, in order); PackNotFound for two packs that
+    serve an agent of the same name."""
     served: dict[str, str] = {}
     agents = []
-    for ref in refs:
-        for agent in get_pack(ref).agents:
+    for ref, pack in zip(refs, packs, strict=True):
+        for agent in pack.agents:
             if agent.name in served:
                 raise PackNotFound(
                     f"agent {agent.name!r} is served by both {served[agent.name]!r} and "

@@ -24,6 +24,7 @@ from agents.errors import ArloopError
 from agents.events import FeedbackKind, new_id
 from agents.feedback_intake import FeedbackSubmission
 from agents.model_routes import ModelRoute, ModelRouteError
+from agents.packs.base import Pack
 from agents.policy_client import warm_up
 from agents.runtime import AgentSpec
 from agents.trajectory_sink import Scrub
@@ -43,7 +44,7 @@ from deploy.agent_api.schemas import (
     RunResponse,
     errors,
 )
-from deploy.agent_api.services import open_services, phi_scrubber
+from deploy.agent_api.services import open_services, phi_scrubber, score_rule_of
 from deploy.agent_api.streaming import router as streaming_router
 from deploy.embedded_redis import ensure_redis
 from deploy.logs import bind, setup_logging
@@ -71,12 +72,13 @@ async def feedback(body: FeedbackRequest, caller: CallerDep) -> JSONResponse:
             body.trajectory_id,
             body.feedback_token,
             body.kind,
-            body.value,
-            body.text,
+            body.value if body.score is None else body.score,
+            body.text if body.comment is None else body.comment,
             caller.user(body.user_id),
             body.turn,
             caller.key.name,
             caller.rate_per_minute(services.settings.key_rate_per_minute),
+            key=body.key,
         )
         event_id = await services.intake.accept(submission)
     except Exception as exc:  # counted, then answered by the error handlers
@@ -141,8 +143,10 @@ def create_app(
     `settings.scrub_phi` is on; `rng` draws canary arms (seed it in tests).
     """
     settings = settings or AgentApiSettings()
-    specs = specs if specs is not None else _load_packs(settings.packs)
+    packs = _load_packs(settings.packs) if specs is None else []
+    specs = specs if specs is not None else _agents_of(packs, settings.packs)
     specs = with_models(specs, settings.agent_models)
+    score_rule = score_rule_of(packs)
     scrub = scrubber if scrubber is not None else phi_scrubber(settings)
     api_metrics = ApiMetrics()
 
@@ -150,7 +154,7 @@ def create_app(
     async def lifespan(app: FastAPI):
         url = settings.redis_url or ensure_redis(None, settings.data_dir)
         await asyncio.to_thread(warm_up)
-        services = open_services(settings, url, specs, api_metrics, scrub, rng)
+        services = open_services(settings, url, specs, api_metrics, scrub, rng, score_rule)
         app.state.services = services
         yield
         await services.redis.aclose()
@@ -210,11 +214,20 @@ def with_models(specs: list[AgentSpec], routes: dict[str, ModelRoute]) -> list[A
     return [dataclasses.replace(s, model=routes[s.name]) if s.name in routes else s for s in specs]
 
 
-def _load_packs(refs: list[str]) -> list[AgentSpec]:
-    from agents.packs import PackNotFound, load_packs
+def _agents_of(packs: list[Pack], refs: list[str]) -> list[AgentSpec]:
+    from agents.packs import PackNotFound, agents_of
 
     try:
-        return load_packs(refs)
+        return agents_of(packs, refs)
+    except PackNotFound as exc:
+        raise PackNotFound(f"{exc}; fix ARLOOP_PACKS") from exc
+
+
+def _load_packs(refs: list[str]) -> list[Pack]:
+    from agents.packs import PackNotFound, get_pack
+
+    try:
+        return [get_pack(ref) for ref in refs]
     except PackNotFound as exc:
         raise PackNotFound(f"{exc}; fix ARLOOP_PACKS") from exc
 

@@ -181,6 +181,8 @@ def _item(entry_id: str, e: FeedbackEvent) -> FeedbackItem:
         policy_version=e.policy_version,
         turn=e.turn,
         created_at=e.created_at,
+        key=e.key,
+        reward=e.reward,
     )
 
 

@@ -14,6 +14,8 @@ from pydantic import (
     model_validator,
 )
 
+from agents.events import MAX_SCORE, SCORE_KEY_PATTERN
+
 UserId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.@+-]{1,128}$")]
 ThreadId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.-]{1,128}$")]
 MAX_METADATA_KEYS = 16
@@ -110,21 +112,49 @@ _VALUE_BY_KIND = {  # what agents.events.check_feedback_value accepts, per kind
     "rating": {"properties": {"value": {"type": "number", "minimum": 1, "maximum": 5}}},
     "outcome": {"properties": {"value": {"type": "number", "minimum": 0, "maximum": 1}}},
     "correction": {"properties": {"text": {"type": "string", "pattern": _NOT_SPACE}}},
+    "score": {
+        "properties": {
+            "key": {"type": "string", "pattern": SCORE_KEY_PATTERN},
+            "score": {"type": "number", "minimum": -MAX_SCORE, "maximum": MAX_SCORE},
+            "value": {"type": "number", "minimum": -MAX_SCORE, "maximum": MAX_SCORE},
+        },
+        "required": ["key"],
+        "anyOf": [  # the number as `score` (or `value`)
+            {"required": [name], "properties": {name: {"type": "number"}}}
+            for name in ("score", "value")
+        ],
+    },
 }
 
 
 def _value_fits_kind(schema: dict[str, Any]) -> None:
     """The schema says which value each kind takes (the intake checks it with a reason)."""
+    named = _VALUE_BY_KIND["score"]
+    schema["anyOf"] = [  # a kind, or a key alone: a named score
+        {"required": ["kind"], "properties": {"kind": {"type": "string"}}},
+        named,
+    ]
     schema["allOf"] = [
         {
             "if": {"properties": {"kind": {"const": kind}}, "required": ["kind"]},
             "then": {
-                "properties": rule["properties"],
                 "required": rule.get("required", list(rule["properties"])),
+                **{k: v for k, v in rule.items() if k != "required"},
             },
         }
         for kind, rule in _VALUE_BY_KIND.items()
     ]
+    for one, other, kind in (("value", "score", "number"), ("text", "comment", "string")):
+        both = {
+            "required": [one, other],
+            "properties": {one: {"type": kind}, other: {"type": kind}},
+        }
+        schema["allOf"].append({"not": both})  # `value` or `score`, `text` or `comment`
+    for name, kind in (("key", "string"), ("score", "number")):  # only on a named score
+        given = {"required": [name], "properties": {name: {"type": kind}}}
+        schema["allOf"].append(
+            {"if": given, "then": {"properties": {"kind": {"enum": ["score", None]}}}}
+        )
 
 
 class FeedbackRequest(_Body):
@@ -134,15 +164,55 @@ class FeedbackRequest(_Body):
 
     trajectory_id: str = Field(min_length=1, max_length=128)
     feedback_token: str | None = Field(None, max_length=2048)
-    kind: str = Field(
+    kind: str | None = Field(
+        None,
         max_length=32,
-        description="thumbs, rating, correction or outcome.",
-        json_schema_extra={"enum": list(_VALUE_BY_KIND)},
+        description="thumbs, rating, correction, outcome, or score (a named `key` with a "
+        "`score`, as LangSmith and Langfuse take feedback: the kind when `key` is sent alone).",
+        json_schema_extra={"enum": [*_VALUE_BY_KIND, None]},
     )
     value: float | None = Field(None, allow_inf_nan=False)
     text: str | None = Field(None, max_length=8000)
     user_id: UserId | None = None
     turn: int | None = Field(None, ge=0, le=100_000)
+    # -- named scores (issue 17) ----------------------------------------------------------
+    key: str | None = Field(
+        None,
+        max_length=64,
+        pattern=SCORE_KEY_PATTERN,
+        description="A named score's name, e.g. `helpfulness`.",
+    )
+    score: float | None = Field(
+        None,
+        allow_inf_nan=False,
+        ge=-MAX_SCORE,
+        le=MAX_SCORE,
+        description="A named score's value (any scale: its agent's pack reads it as a reward).",
+    )
+    comment: str | None = Field(
+        None, max_length=8000, description="A comment on the run (stored PHI-scrubbed)."
+    )
+
+    @model_validator(mode="after")
+    def _one_name_per_field(self) -> FeedbackRequest:
+        """`score` is the value and `comment` the text of the feedback: not both names; a `key`
+        without a kind is a named score."""
+        if self.kind is None:
+            if self.key is None:
+                raise ValueError(
+                    "kind is required (thumbs, rating, correction, outcome), or send a named "
+                    'score: {"key": "helpfulness", "score": 0.8, "comment": "..."}'
+                )
+            self.kind = "score"
+        if self.kind != "score" and (self.key is not None or self.score is not None):
+            raise ValueError(
+                f"key and score make a named score; {self.kind} feedback takes `value`"
+            )
+        if self.score is not None and self.value is not None:
+            raise ValueError("send a named score's number as `score` or `value`, not both")
+        if self.comment is not None and self.text is not None:
+            raise ValueError("send the text as `comment` or `text`, not both")
+        return self
 
 
 class FeedbackAccepted(BaseModel):
@@ -234,6 +304,10 @@ class FeedbackItem(BaseModel):
     policy_version: str
     turn: int | None
     created_at: float
+    key: str | None = Field(None, description="A named score's name (kind `score`).")
+    reward: float | None = Field(
+        None, description="A named score as a reward, by its pack's rule (None: not learned)."
+    )
 
 
 class FeedbackPage(BaseModel):

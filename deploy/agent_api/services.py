@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 import redis
 import redis.asyncio as aioredis
 
-from agents.feedback_intake import FeedbackIntake
+from agents.feedback_intake import FeedbackIntake, ScoreRule
+from agents.packs.base import Pack, default_score_reward
 from agents.runtime import AgentRuntime, AgentSpec
 from agents.trajectory_sink import Scrub
 from deploy.agent_api.limits import RateLimiter
@@ -43,6 +44,7 @@ def open_services(
     metrics: ApiMetrics,
     scrub: Scrub | None = None,
     rng: random.Random | None = None,
+    score_rule: ScoreRule | None = None,
 ) -> Services:
     """Connect to Redis (lazily: a Redis that is down now is a 503 later, not a crash)."""
     timeouts = {
@@ -64,9 +66,22 @@ def open_services(
         rng=rng,
         durability=settings.checkpoint_durability,
     )
-    intake = FeedbackIntake(client, settings.secret_key, settings.feedback_rate_per_minute, scrub)
+    intake = FeedbackIntake(
+        client,
+        settings.secret_key,
+        settings.feedback_rate_per_minute,
+        scrub,
+        score_rule or score_rule_of([]),
+    )
     reader = redis.Redis.from_url(redis_url, **settings.redis_options(redis_url), **timeouts)
     return Services(settings, client, runtime, intake, RateLimiter(client), metrics, reader)
+
+
+def score_rule_of(packs: list[Pack]) -> ScoreRule:
+    """Named scores read by the `score_reward` of the pack that serves the agent (the default
+    rule for an agent of no pack: `agents.packs.base.default_score_reward`)."""
+    rules = {agent.name: pack.score_reward for pack in packs for agent in pack.agents}
+    return lambda agent, key, score: rules.get(agent or "", default_score_reward)(key, score)
 
 
 def phi_scrubber(settings: AgentApiSettings) -> Scrub | None:

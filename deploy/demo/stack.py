@@ -90,7 +90,7 @@ class Stack:
         for name, args in commands.items():
             if name not in names:
                 continue
-            extra = {"ARLOOP_PORT": str(ports[name])} if name in ports else {}
+            extra = {f"ARLOOP_{name.upper()}_PORT": str(ports[name])} if name in ports else {}
             if name == "learn":
                 extra = {"ARLOOP_METRICS_PORT": str(self.learn_metrics_port)}
             self._spawn(name, args, base | extra | self.env.get(name, {}))

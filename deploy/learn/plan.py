@@ -20,12 +20,13 @@ class LearnerConfigError(RuntimeError):
 def round_plan(s: LearnerSettings) -> RoundPlan:
     """What each round runs with: the settings' train and round models, where it writes, and
     the label packs' groundings (their agents' feedback becomes labels and verified sub-rounds)."""
+    gated = s.gate_packs()
     try:
         packs = [
             get_pack(
                 ref, tutoring_source=s.tutoring_source, tutoring_eval_size=s.tutoring_eval_size
             )
-            for ref in (s.eval_packs if s.label_packs is None else s.label_packs)
+            for ref in (gated if s.label_packs is None else s.label_packs)
         ]
     except PackNotFound as exc:
         which = "ARLOOP_EVAL_PACKS" if s.label_packs is None else "ARLOOP_LABEL_PACKS"
@@ -37,7 +38,7 @@ def round_plan(s: LearnerSettings) -> RoundPlan:
         train=s.train,
         round=s.round,
         actor=s.consumer,
-        promote=not s.eval_packs,  # with an eval gate, the release flow moves the aliases
+        promote=not gated,  # with an eval gate, the release flow moves the aliases
         grounding=groundings(packs, resolve_tool_format(s.tool_format, s.base_model)),
         sampling=Sampling(temperature, s.policy_max_tokens or 512),
     )

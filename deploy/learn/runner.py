@@ -28,6 +28,7 @@ from deploy.learn.metrics import LearnerTelemetry, serve_metrics
 from deploy.learn.plan import LearnerConfigError, round_plan
 from deploy.learn.round_line import summary_line
 from deploy.learn.settings import LearnerSettings
+from deploy.learn.trackers import Trackers, TrackerUnavailable
 from learner.policy.registry import CANDIDATE, CHAMPION, PolicyRegistry
 from learner.publish import recover
 from learner.rounds import RoundAborted, RoundResult, run_round
@@ -46,6 +47,7 @@ class Learner:
         self.redis_url = ensure_redis(settings.redis_url, settings.data_dir)
         self.redis = redis.Redis.from_url(self.redis_url, **settings.redis_options(self.redis_url))
         self.store = Store(Path(settings.data_dir) / "learner" / "store.db")
+        self.trackers = Trackers(settings.report_to, Path(settings.data_dir))  # ARLOOP_REPORT_TO
         self.registry = PolicyRegistry(self.redis)  # fenced by the lease once it is taken
         self.lease = LearnerLease(self.redis, holder_name(settings.consumer), settings.lease_s)
         self.source = TrajectorySource(
@@ -61,7 +63,7 @@ class Learner:
         self.telemetry = LearnerTelemetry(self.redis, settings.consumer, settings.status_interval_s)
         self.telemetry.check_champion = self.champion_problem
         self.release = None
-        if settings.eval_packs:
+        if settings.gate_packs():
             from deploy.learn.release_control import ReleaseControl
             from deploy.learn.suite_runner import SuiteMissing  # the gate's imports: only with one
 
@@ -84,12 +86,7 @@ class Learner:
         if not self._take_lease(wait=not once):
             return False
         self.source.ensure_groups()
-        base = self.registry.ensure_base(self.s.base_model)
-        if base.base_model != self.s.base_model:
-            raise LearnerConfigError(
-                f"this registry's base model is {base.base_model!r} but ARLOOP_BASE_MODEL is "
-                f"{self.s.base_model!r}: set it back, or use a fresh Redis and data directory"
-            )
+        self.registry.ensure_base(self.s.base_model)  # BaseModelMismatch: refused with the fix
         where = self.redis.connection_pool.connection_kwargs
         self.console.print(
             f"learning from redis {where.get('host')}:{where.get('port')} as {self.s.consumer} "
@@ -107,7 +104,7 @@ class Learner:
             self.console.print(f"recovered {p.version}: committed before a crash, now registered")
         if self.release is None:
             self.console.print(
-                "no eval gate configured (ARLOOP_EVAL_PACKS is empty): each "
+                "eval gate off (ARLOOP_EVAL_GATE=false, or ARLOOP_EVAL_PACKS='[]'): each "
                 "round's version becomes champion directly"
             )
         else:
@@ -127,6 +124,7 @@ class Learner:
                 return self._loop(once)
             finally:
                 self.lease.release()
+                self.trackers.close()
 
     def _loop(self, once: bool) -> int:
         with self._display() as live:
@@ -244,6 +242,7 @@ class Learner:
             return True
         self.last = result
         self.telemetry.round_done(result.version, result.metrics, result.seconds)
+        self.trackers.log(result.version, result.metrics, result.seconds)
         self.console.print(summary_line(result))
         if result.published.conflict:
             self.console.print(f"[yellow]{result.published.conflict}[/]")
@@ -340,8 +339,10 @@ def main(once: bool = False) -> int:
     from pydantic_settings import SettingsError
 
     from deploy.logs import setup_logging
+    from deploy.settings_errors import explain
     from deploy.telemetry import setup_tracing
     from learner.policy.models import ModelNotFound
+    from learner.policy.registry import BaseModelMismatch
 
     console = Console(soft_wrap=True)  # one line per round, also in a log file
     refusal = integrity.not_rank_zero()
@@ -357,8 +358,15 @@ def main(once: bool = False) -> int:
             _serve_metrics(learner, settings, console)
         return learner.run(once=once)
     except (ValidationError, SettingsError) as exc:
-        console.print(f"[red]arloop learn: invalid ARLOOP_* setting:[/]\n{escape(str(exc))}")
-    except (RedisUnavailable, ModelNotFound, LearnerConfigError) as exc:
+        for line in explain(exc, LearnerSettings):
+            console.print(f"[red]arloop learn:[/] {escape(line)}")
+    except (
+        RedisUnavailable,
+        ModelNotFound,
+        LearnerConfigError,
+        BaseModelMismatch,
+        TrackerUnavailable,
+    ) as exc:
         console.print(f"[red]arloop learn:[/] {exc}")
     return 2
 

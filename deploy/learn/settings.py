@@ -85,13 +85,21 @@ class LearnerSettings(ModelSettings, PolicyEndpointSettings):
     metrics_port: int = Field(8002, ge=0, le=65535)
     """Port of the learner's `/metrics` (Prometheus) and `/healthz`; 0: not served. Taken by
     another process: the learner runs on and says so (`--once` never serves them)."""
+    report_to: list[Literal["tensorboard"]] = Field(default_factory=list)
+    """Experiment trackers that get each round's metrics, a JSON list: '["tensorboard"]' writes
+    event files under `data_dir/tensorboard` (needs `pip install 'arloop[tensorboard]'`); empty:
+    none (the learner's /metrics and its round line are always there)."""
     status_interval_s: float = Field(2.0, gt=0.0)
     """How often the stream figures are refreshed (gauges, and the status the dashboard reads)."""
 
     # -- release control: eval gate, guards, off-policy estimate, canary --------------------
-    eval_packs: list[str] = Field(default_factory=list)
+    eval_gate: bool = True
+    """Gate every new version on held-out eval suites before it serves; `false` turns the gate
+    off: each round's version then becomes champion directly."""
+    eval_packs: list[str] | None = None
     """Packs whose held-out eval suites gate every new version (JSON list: '["tutoring"]';
-    built-in names or `module:attr`). Empty: no gate, each round's version becomes champion."""
+    built-in names or `module:attr`); unset: every installed pack that has an eval suite.
+    '[]' turns the gate off, as ARLOOP_EVAL_GATE=false does."""
     label_packs: list[str] | None = None
     """Packs whose agents' feedback becomes labels and verified sub-rounds (their answers are
     read, their runs replayed through their tools); unset: the eval packs. '[]': none."""
@@ -115,6 +123,22 @@ class LearnerSettings(ModelSettings, PolicyEndpointSettings):
     canary: CanaryConfig = Field(default_factory=CanaryConfig)
     """The canary after a pass: `ARLOOP_CANARY__ENABLED`, `__MIN_PER_ARM`, `__MARGIN`, ...
     (learner/gate/canary.py `CanaryConfig`)."""
+
+    def gate_packs(self) -> list[str]:
+        """The packs that gate each version: none with the gate off, else `eval_packs`, else
+        every pack registered under `arloop.packs` that has an eval suite (`Pack.has_eval_suite`)."""
+        if not self.eval_gate:
+            return []
+        if self.eval_packs is not None:
+            return list(self.eval_packs)
+        from agents.packs import get_pack, registered  # built lazily: the packs cost a second
+
+        size, source = self.tutoring_eval_size, self.tutoring_source
+        return [
+            name
+            for name in sorted(registered())
+            if get_pack(name, tutoring_source=source, tutoring_eval_size=size).has_eval_suite()
+        ]
 
     def serving_temperature(self) -> float:
         """How the agents sample: ARLOOP_POLICY_TEMPERATURE, else the policy server's 1.0."""

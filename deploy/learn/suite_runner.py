@@ -112,7 +112,9 @@ class GateRunner:
         champion = self.registry.resolve(champion or CHAMPION)
         name = self.suite.name
         if not self.suite.packs:
-            return refuse(version, champion, SUITE, "no eval pack configured (ARLOOP_EVAL_PACKS)")
+            return refuse(
+                version, champion, SUITE, "no eval pack (ARLOOP_EVAL_GATE / ARLOOP_EVAL_PACKS)"
+            )
         try:
             run = self.run(version, champion)
         except SuiteMissing as exc:
@@ -281,7 +283,7 @@ def gate_runner(
         try:
             packs = [
                 get_pack(ref, tutoring_source=s.tutoring_source, tutoring_eval_size=size)
-                for ref in s.eval_packs
+                for ref in s.gate_packs()
             ]
         except PackNotFound as exc:
             raise SuiteMissing(str(exc)) from exc

@@ -43,7 +43,7 @@ from deploy.policy_server.stream import ChoiceStream, ChunkWriter, sse
 from deploy.policy_server.versions import LoadedPolicy, Loader, VersionManager, VersionUnavailable
 from deploy.settings import PolicyServerSettings
 from learner.policy.generation.engine import FinishEvent, GenerationEngine, Row
-from learner.policy.registry import UnknownVersion, VersionStatus
+from learner.policy.registry import PolicyRegistry, UnknownVersion, VersionStatus
 
 log = logging.getLogger(__name__)
 CHAT_PATH = "/v1/chat/completions"
@@ -348,6 +348,10 @@ def serve() -> None:
     setup_logging("policy_server", settings.log_level, settings.log_format)
     engine = choose_engine(settings)  # EngineUnavailable (a message, exit 2) before anything starts
     url = ensure_redis(settings.redis_url, settings.data_dir)
+    # BaseModelMismatch (a message, exit 2) before serving another base than the registry's v0
+    PolicyRegistry(redis.Redis.from_url(url, **settings.redis_options(url))).ensure_base(
+        settings.base_model
+    )
     settings = settings.model_copy(update={"redis_url": url, "policy_engine": engine})
     log.info(
         "policy server on http://%s:%d/v1 (redis %s, base %s, tool format %s, engine %s)",

@@ -65,6 +65,7 @@ __all__ = [  # the lifecycle's names, importable from here as before the split
     "CHAMPION",
     "TRANSITIONS",
     "AliasConflict",
+    "BaseModelMismatch",
     "Fence",
     "Fenced",
     "IllegalTransition",
@@ -76,6 +77,11 @@ __all__ = [  # the lifecycle's names, importable from here as before the split
     "version_name",
     "version_number",
 ]
+
+
+class BaseModelMismatch(ValueError):
+    """The registry's v0 was made from another base model than this process was given: every
+    version descends from v0, so serving or training another base would mix models."""
 
 
 class PolicyRegistry:
@@ -156,7 +162,15 @@ class PolicyRegistry:
             move = Move(CHAMPION, BASE_VERSION, None)
             events = [_published(record), _moved(move, "base model", "system")]
             self._apply(create=record, aliases=[move], events=events)  # False: another won
-        return self.get(BASE_VERSION)
+        base = self.get(BASE_VERSION)
+        if base.base_model != base_model:
+            raise BaseModelMismatch(
+                f"ARLOOP_BASE_MODEL is {base_model!r} but this registry (its v0) was created "
+                f"with {base.base_model!r}: set ARLOOP_BASE_MODEL={base.base_model}, or start "
+                "a new registry (another ARLOOP_REDIS_URL or database; for the embedded Redis, "
+                "another ARLOOP_DATA_DIR)"
+            )
+        return base
 
     def publish(self, record: PolicyVersion, *, trained_events: int = 0) -> None:
         """(new) -> READY: add a version; serving picks it up when an alias moves to it."""

@@ -45,6 +45,7 @@ def settings(redis_url: str, data_dir: Path, **extra) -> LearnerSettings:
         read_block_ms=50,
         train={"learning_rate": 0.05},
         metrics_port=0,
+        eval_gate=False,  # these rounds publish straight to champion
         **extra,
     )
 
@@ -131,6 +132,7 @@ def _learner_process(redis_url: str, data_dir: Path, log: Path, **env: str) -> s
         "ARLOOP_MIN_EPISODES": "4",
         "ARLOOP_READ_BLOCK_MS": "50",
         "ARLOOP_METRICS_PORT": "0",
+        "ARLOOP_EVAL_GATE": "false",
         "ARLOOP_LEASE_S": "3",
         "ARLOOP_TRAIN__LEARNING_RATE": "0.05",
         "ARLOOP_ROUND__FEEDBACK_WINDOW_S": "0",
@@ -224,6 +226,7 @@ def test_torchrun_ranks_beyond_zero_stay_out(redis_url, redis_client, tmp_path):
         "ARLOOP_MIN_EPISODES": "1",
         "ARLOOP_TRAIN__LEARNING_RATE": "0.05",
         "ARLOOP_METRICS_PORT": "0",
+        "ARLOOP_EVAL_GATE": "false",
     }
     done = subprocess.run(
         [

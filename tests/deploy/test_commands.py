@@ -102,8 +102,8 @@ def test_rollback_of_the_canary_candidate(arloop, registry, tmp_path):
 
 def test_eval_without_a_pack_or_with_the_server_down_exits_2(arloop, registry, tmp_path):
     add_version(registry, tmp_path)
-    none = arloop("eval")
-    assert none.exit_code == 2 and "no eval pack configured" in none.output
+    none = arloop("eval", ARLOOP_EVAL_GATE="false")
+    assert none.exit_code == 2 and "no eval pack (ARLOOP_EVAL_GATE" in none.output
     down = arloop(
         "eval",
         "--json",

@@ -222,3 +222,27 @@ def test_unchanged_flat_names_still_work(clean_env):
         "/tmp/models",
     )
     assert str(PolicyServerSettings(_env_file=None).model_cache) == "/tmp/models"
+
+
+def test_each_server_has_its_own_port_and_host_and_the_shared_names_still_work(clean_env):
+    clean_env.setenv("ARLOOP_PORT", "9000")
+    clean_env.setenv("ARLOOP_HOST", "10.0.0.1")
+    shared = AgentApiSettings(_env_file=None), PolicyServerSettings(_env_file=None)
+    assert [(s.host, s.port) for s in shared] == [("10.0.0.1", 9000)] * 2  # as before
+    clean_env.setenv("ARLOOP_AGENTS_PORT", "9100")
+    clean_env.setenv("ARLOOP_POLICY_PORT", "9200")
+    clean_env.setenv("ARLOOP_POLICY_HOST", "0.0.0.0")
+    agents, policy = AgentApiSettings(_env_file=None), PolicyServerSettings(_env_file=None)
+    assert (agents.host, agents.port) == ("10.0.0.1", 9100)  # own port, the shared host
+    assert (policy.host, policy.port) == ("0.0.0.0", 9200)
+    assert AgentApiSettings(_env_file=None, port=7).port == 7  # by field name too
+
+
+def test_one_env_file_runs_both_servers(clean_env, tmp_path):
+    dotenv = tmp_path / ".env"
+    dotenv.write_text("ARLOOP_AGENTS_PORT=9100\nARLOOP_POLICY_PORT=9200\n")
+    agents, policy = AgentApiSettings(_env_file=dotenv), PolicyServerSettings(_env_file=dotenv)
+    assert (agents.port, policy.port) == (9100, 9200)
+    clean_env.setenv("ARLOOP_POLICY_PORT", "70000")
+    with pytest.raises(ValidationError, match="ARLOOP_POLICY_PORT"):
+        PolicyServerSettings(_env_file=dotenv)

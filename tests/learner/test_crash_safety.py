@@ -42,6 +42,7 @@ def _env(redis_url: str, data_dir: Path, **extra: str) -> dict[str, str]:
         ARLOOP_LABEL_PACKS='["tutoring"]',  # the runs' feedback labels them: sub-rounds run
         ARLOOP_POLICY_MAX_TOKENS="16",
         ARLOOP_METRICS_PORT="0",  # no /metrics: learners of parallel tests would race for 8002
+        ARLOOP_EVAL_GATE="false",  # each round's version becomes champion
         PYTHONUNBUFFERED="1",
         **extra,
     )
@@ -69,6 +70,7 @@ def _settings(redis_url: str, data_dir: Path) -> LearnerSettings:
         read_block_ms=50,
         label_packs=["tutoring"],
         policy_max_tokens=16,
+        eval_gate=False,
     )
 
 

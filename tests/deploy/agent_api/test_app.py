@@ -182,18 +182,16 @@ def test_serve_reads_the_environment_and_answers(redis_url, llm, tmp_path):
     env = {
         **os.environ,
         "ARLOOP_REDIS_URL": redis_url,
-        "ARLOOP_PORT": str(port),
+        "ARLOOP_AGENTS_PORT": str(free_port()),  # `--port` wins over the variable
+        "ARLOOP_PORT": str(free_port()),
         "ARLOOP_POLICY_API_BASE": llm.base_url,
         "ARLOOP_API_KEYS": '["env-key"]',
         "ARLOOP_PACKS": '["tutoring"]',
         "ARLOOP_SCRUB_PHI": "false",
         "ARLOOP_LOG_LEVEL": "WARNING",
     }
-    proc = subprocess.Popen(
-        [sys.executable, "-c", "from deploy.agent_api.app import serve; serve()"],
-        env=env,
-        cwd=tmp_path,
-    )
+    cli = f"from deploy.cli import app; app(['serve', 'agents', '--port', '{port}'])"
+    proc = subprocess.Popen([sys.executable, "-c", cli], env=env, cwd=tmp_path)
     try:
         url = f"http://127.0.0.1:{port}"
         for _ in range(600):

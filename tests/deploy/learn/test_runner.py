@@ -3,16 +3,17 @@ import io
 import pytest
 from rich.console import Console
 
-from deploy.learn.plan import LearnerConfigError, round_plan
+from deploy.learn.plan import round_plan
 from deploy.learn.round_line import summary_line
 from deploy.learn.runner import Learner, main
 from deploy.learn.settings import LearnerSettings
-from learner.policy.registry import PolicyRegistry
+from learner.policy.registry import BaseModelMismatch, PolicyRegistry
 from tests.learner.learner_events import feedback, trajectory, xadd
 
 
 def _learner(redis_url, tmp_path, **kw) -> tuple[Learner, io.StringIO]:
     kw = {"min_episodes": 3, "round_interval_s": 3600.0, "read_block_ms": 10, **kw}
+    kw.setdefault("eval_gate", False)  # these rounds publish straight to champion
     settings = LearnerSettings(
         redis_url=redis_url,
         data_dir=tmp_path,
@@ -72,7 +73,9 @@ def test_once_prints_a_summary_line_and_the_status_shows_the_champion(
 def test_a_registry_of_another_base_model_is_refused(redis_url, redis_client, tmp_path):
     PolicyRegistry(redis_client).ensure_base("smollm2")
     learner, _ = _learner(redis_url, tmp_path)
-    with pytest.raises(LearnerConfigError, match="ARLOOP_BASE_MODEL is 'tiny'"):
+    with pytest.raises(
+        BaseModelMismatch, match="ARLOOP_BASE_MODEL is 'tiny'.*ARLOOP_BASE_MODEL=smollm2"
+    ):
         learner.start()
     learner.store.close()
 
@@ -81,7 +84,11 @@ def test_bad_settings_exit_2_with_the_setting_named(monkeypatch, capsys, tmp_pat
     monkeypatch.setenv("ARLOOP_DATA_DIR", str(tmp_path))
     monkeypatch.setenv("ARLOOP_ROUND__MAX_USER_REWARD_SHARE", "5")
     assert main(once=True) == 2
-    assert "round.max_user_reward_share" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert (
+        "ARLOOP_ROUND__MAX_USER_REWARD_SHARE: '5' is out of range (must be > 0.0 and <= 1.0)" in out
+    )
+    assert "example: ARLOOP_ROUND__MAX_USER_REWARD_SHARE=" in out and "Traceback" not in out
     monkeypatch.delenv("ARLOOP_ROUND__MAX_USER_REWARD_SHARE")
     monkeypatch.setenv("ARLOOP_MAX_USER_REWARD_SHARE", "0.5")  # the name before it nested
     assert main(once=True) == 2
@@ -95,6 +102,7 @@ def test_the_round_runs_with_the_settings_own_models(tmp_path):
         data_dir=tmp_path,
         train={"learning_rate": 1e-3, "full_finetune": True, "micro_batch_size": 4},
         round={"batch_size": 12, "silence_reward": 0.0},
+        eval_gate=False,
         _env_file=None,
     )
     plan = round_plan(s)
@@ -102,7 +110,22 @@ def test_the_round_runs_with_the_settings_own_models(tmp_path):
     assert (plan.train.learning_rate, plan.round.batch_size) == (1e-3, 12)
     assert plan.checkpoints_dir == tmp_path / "checkpoints" and plan.actor == s.consumer
     assert plan.model_cache == s.model_cache and plan.promote  # no eval gate: straight to champion
-    assert not round_plan(s.model_copy(update={"eval_packs": ["tutoring"]})).promote
+    gated = s.model_copy(update={"eval_gate": True, "eval_packs": ["tutoring"]})
+    assert not round_plan(gated).promote
+
+
+def test_the_gate_is_on_by_default_for_the_installed_packs_with_eval_suites(tmp_path):
+    s = LearnerSettings(data_dir=tmp_path, _env_file=None)
+    assert s.eval_gate and s.eval_packs is None
+    assert s.gate_packs() == ["tutoring", "medical"]  # both built-in packs have eval suites
+    assert not round_plan(s).promote  # the release flow moves the aliases, not the round
+    assert set(round_plan(s).grounding) == {"tutor", "tutor_hints", "triage"}
+    off = LearnerSettings(data_dir=tmp_path, eval_gate=False, _env_file=None)
+    assert off.gate_packs() == [] and round_plan(off).promote
+    none = LearnerSettings(data_dir=tmp_path, eval_packs=[], _env_file=None)
+    assert none.gate_packs() == [] and round_plan(none).promote
+    one = LearnerSettings(data_dir=tmp_path, eval_packs=["medical"], _env_file=None)
+    assert one.gate_packs() == ["medical"]
 
 
 def test_replays_sample_with_the_agents_stops_and_penalties_at_the_rounds_temperature():

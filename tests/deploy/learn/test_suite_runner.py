@@ -158,7 +158,7 @@ def test_an_endpoint_that_errors_or_serves_another_version_fails_closed(stack, r
     [
         ([echo_pack(eval_tasks=[], name="hollow")], "pack 'hollow' has an empty eval suite"),
         ([broken_pack()], "pack 'broken' has no eval suite: eval.jsonl is missing"),
-        ([], "no eval pack configured"),
+        ([], "no eval pack (ARLOOP_EVAL_GATE / ARLOOP_EVAL_PACKS)"),
     ],
 )
 def test_a_missing_or_empty_suite_never_passes(stack, redis_server, packs, says):

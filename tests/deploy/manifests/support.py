@@ -35,12 +35,19 @@ def settings_class(command: list[str]) -> type[BaseSettings]:
         raise AssertionError(f"{command} is not an arloop process command") from None
 
 
+def variables(cls: type[BaseModel], name: str, prefix: str = PREFIX) -> list[str]:
+    """The variables that set field `name`, the one to use first: ARLOOP_AGENTS_PORT (then the
+    shared ARLOOP_PORT) for the agent API's `port`, ARLOOP_DATA_DIR for `data_dir`."""
+    choices = getattr(cls.model_fields[name].validation_alias, "choices", None)
+    return [c.upper() for c in choices] if choices else [f"{prefix}{name}".upper()]
+
+
 def setting_names(cls: type[BaseModel], prefix: str = PREFIX) -> set[str]:
-    """Every variable that sets a field of `cls`: ARLOOP_PORT, ARLOOP_TRAIN__LEARNING_RATE, ..."""
+    """Every variable that sets a field of `cls`: ARLOOP_AGENTS_PORT, ARLOOP_TRAIN__LEARNING_RATE..."""
     names = set()
     for name, field in cls.model_fields.items():
         var = f"{prefix}{name}".upper()
-        names.add(var)
+        names |= set(variables(cls, name, prefix))
         if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
             names |= setting_names(field.annotation, var + "__")
     return names

@@ -48,7 +48,8 @@ def _schema_check(path: Path) -> subprocess.CompletedProcess:
 
 def _port(service: dict) -> int:
     env = service["environment"]
-    return int(env.get("ARLOOP_PORT") or env["ARLOOP_METRICS_PORT"])
+    port = ("ARLOOP_AGENTS_PORT", "ARLOOP_POLICY_PORT", "ARLOOP_METRICS_PORT")
+    return int(next(env[v] for v in port if v in env))
 
 
 def test_compose_file_is_valid_against_the_compose_specification(tmp_path):

@@ -26,6 +26,7 @@ from tests.deploy.manifests.support import (
     container_env,
     settings_class,
     unread_variables,
+    variables,
     workloads,
 )
 
@@ -172,10 +173,10 @@ def test_probes_ports_and_services_meet_each_process(overlay, monkeypatch):
         cls = settings_class(container["args"])
         env = container_env(docs, container)
         field, expected = PORTS[cls]
-        port = int(env[f"ARLOOP_{field.upper()}"])
+        port = int(env[variables(cls, field)[0]])  # the process's own variable, not ARLOOP_PORT
         assert port == expected == cls.model_fields[field].default, (name, field)
         if cls is not LearnerSettings:
-            assert env["ARLOOP_HOST"] == "0.0.0.0"  # reachable from outside the pod
+            assert env[variables(cls, "host")[0]] == "0.0.0.0"  # reachable from outside the pod
         else:
             assert env["ARLOOP_METRICS_HOST"] == "0.0.0.0"
         for probe in ("startupProbe", "readinessProbe", "livenessProbe"):

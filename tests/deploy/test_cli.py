@@ -1,0 +1,161 @@
+"""The CLI explains itself: `--version`, one line per bad setting (variable, value, example),
+the registry's base model enforced, and a missing extra named instead of a traceback."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from deploy.cli import LEARN_MODULES, app
+from learner.policy.registry import PolicyRegistry
+from tests.learner.gate.release_support import add_version
+
+ROOT = Path(__file__).resolve().parents[2]
+runner = CliRunner()
+
+# A fresh interpreter where the learn extra's modules cannot be imported, as in a
+# `pip install arloop[serve]`: a meta-path finder refuses them before any other finder looks.
+SERVE_ONLY = """
+import importlib.abc, sys
+BLOCKED = set(sys.argv[1].split(","))
+class Serve(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in BLOCKED:
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+sys.meta_path.insert(0, Serve())
+"""
+CLI = "from deploy.cli import app\napp(sys.argv[2:], prog_name='arloop')\n"
+
+
+def _serve_only(command: list[str], **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", SERVE_ONLY + CLI, ",".join(sorted(LEARN_MODULES)), *command],
+        env=_clean_env(**env),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def _clean_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ARLOOP_")}
+    return env | {"COLUMNS": "250"} | extra
+
+
+def test_version_prints_the_installed_version():
+    from importlib.metadata import version
+
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0 and result.output.strip() == f"arloop {version('arloop')}"
+
+
+@pytest.mark.parametrize(
+    ("command", "env", "line"),
+    [
+        (
+            ["serve", "agents"],
+            {"ARLOOP_PACKS": "tutoring"},
+            "arloop serve agents: ARLOOP_PACKS: 'tutoring' is not a JSON list; "
+            """example: ARLOOP_PACKS='["tutoring"]'""",
+        ),
+        (
+            ["serve", "agents"],
+            {"ARLOOP_CANARY_SHARE": "2"},
+            "arloop serve agents: ARLOOP_CANARY_SHARE: '2' is out of range "
+            "(must be >= 0.0 and <= 1.0); example: ARLOOP_CANARY_SHARE=0.1",
+        ),
+        (
+            ["serve", "policy"],
+            {"ARLOOP_POLICY_PORT": "http"},
+            "arloop serve policy: ARLOOP_POLICY_PORT: 'http' is not a valid integer (unable to "
+            "parse string as an integer); example: ARLOOP_POLICY_PORT=8001",
+        ),
+        (
+            ["learn", "--once"],
+            {"ARLOOP_EVAL_PACKS": "tutoring"},
+            "arloop learn: ARLOOP_EVAL_PACKS: 'tutoring' is not a JSON list; "
+            """example: ARLOOP_EVAL_PACKS='["tutoring"]'""",
+        ),
+        (
+            ["policy", "list"],
+            {"ARLOOP_LOG_FORMAT": "xml"},
+            "invalid setting: ARLOOP_LOG_FORMAT: 'xml' is not one of 'json' or 'text'; "
+            "example: ARLOOP_LOG_FORMAT=text",
+        ),
+        (
+            ["learn", "--once"],
+            {"ARLOOP_GATE_ALPHA": "0.1"},
+            "arloop learn: ARLOOP_GATE_ALPHA is no longer read: set ARLOOP_GATE__ALPHA",
+        ),
+    ],
+)
+def test_a_bad_setting_is_one_line_naming_the_variable_value_and_an_example(
+    command, env, line, tmp_path
+):
+    result = subprocess.run(
+        [sys.executable, "-c", "from deploy.cli import app; app(prog_name='arloop')", *command],
+        env=_clean_env(ARLOOP_DATA_DIR=str(tmp_path), **env),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    out = result.stdout + result.stderr
+    assert result.returncode == 2, out
+    assert line in out.splitlines(), out
+    assert "Traceback" not in out and len(out.strip().splitlines()) == 1, out
+
+
+def test_the_policy_server_refuses_another_base_model_than_the_registrys_v0(
+    redis_url, redis_client, tmp_path
+):
+    PolicyRegistry(redis_client).ensure_base("tiny")
+    env = {
+        "ARLOOP_REDIS_URL": redis_url,
+        "ARLOOP_BASE_MODEL": "HuggingFaceTB/SmolLM2-1.7B",
+        "ARLOOP_POLICY_ENGINE": "transformers",
+        "ARLOOP_DATA_DIR": str(tmp_path),
+    }
+    result = runner.invoke(app, ["serve", "policy"], env=env)
+    assert result.exit_code == 2, result.output
+    assert "ARLOOP_BASE_MODEL is 'HuggingFaceTB/SmolLM2-1.7B' but this registry (its v0) was " in (
+        " ".join(result.output.split())
+    )
+    assert "set ARLOOP_BASE_MODEL=tiny" in result.output
+    assert PolicyRegistry(redis_client).get("v0").base_model == "tiny"  # nothing was changed
+
+
+@pytest.mark.parametrize(
+    "command", [["serve", "policy"], ["learn", "--once"], ["eval"], ["policy", "promote", "v1"]]
+)
+def test_a_serve_only_install_names_the_extra_it_lacks(command, redis_url, redis_client, tmp_path):
+    registry = PolicyRegistry(redis_client)
+    registry.ensure_base("tiny")
+    add_version(registry, tmp_path / "checkpoints")
+    result = _serve_only(command, ARLOOP_REDIS_URL=redis_url, ARLOOP_DATA_DIR=str(tmp_path))
+    out = result.stdout + result.stderr
+    assert result.returncode == 2, out
+    assert "needs the learner's dependencies" in out and "pip install 'arloop[learn]'" in out
+    assert "Traceback" not in out and "ModuleNotFoundError" not in out, out
+
+
+def test_a_serve_only_install_lists_policy_versions(redis_url, redis_client, tmp_path):
+    registry = PolicyRegistry(redis_client)
+    registry.ensure_base("tiny")
+    env = {"ARLOOP_REDIS_URL": redis_url, "ARLOOP_DATA_DIR": str(tmp_path)}
+    result = _serve_only(["policy", "list"], **env)
+    assert result.returncode == 0 and "champion" in result.stdout, result.stdout + result.stderr
+
+
+def test_the_serve_only_interpreter_really_lacks_torch():
+    result = subprocess.run(
+        [sys.executable, "-c", SERVE_ONLY + "import torch", "torch"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 1 and "No module named 'torch'" in result.stderr
