@@ -117,7 +117,10 @@ def test_the_round_runs_with_the_settings_own_models(tmp_path):
 def test_the_gate_is_on_by_default_for_the_installed_packs_with_eval_suites(tmp_path):
     s = LearnerSettings(data_dir=tmp_path, _env_file=None)
     assert s.eval_gate and s.eval_packs is None
-    assert s.gate_packs() == ["tutoring", "medical"]  # both built-in packs have eval suites
+    assert s.gate_packs() == [
+        "medical",
+        "tutoring",
+    ]  # both built-in packs have eval suites (sorted)
     assert not round_plan(s).promote  # the release flow moves the aliases, not the round
     assert set(round_plan(s).grounding) == {"tutor", "tutor_hints", "triage"}
     off = LearnerSettings(data_dir=tmp_path, eval_gate=False, _env_file=None)
