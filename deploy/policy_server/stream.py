@@ -67,15 +67,13 @@ class ChoiceStream:
 
     def on_finish(self, ev: FinishEvent) -> list[dict[str, Any]]:
         """The rest of the content, the tool calls if any, then the finish reason."""
-        message, reason = message_of(ev, self.tools, self.tool_format)
+        message, reason = message_of(ev, self.tools, self.tool_format, self.req.parallel_tool_calls)
         content = message["content"] or ""
         out = []
         if len(content) > self.sent and content.startswith(self.text[: self.sent]):
             out.append(self._choice({"content": content[self.sent :]}))
-        calls = message.get("tool_calls") or []
-        if calls:
-            deltas = [{"index": k, **call} for k, call in enumerate(calls)]
-            out.append(self._choice({"tool_calls": deltas}))
+        for k, call in enumerate(message.get("tool_calls") or []):
+            out.extend(self._choice({"tool_calls": [d]}) for d in call_deltas(k, call))
         out.append(self._choice({}, finish_reason=reason))
         return out
 
@@ -92,3 +90,20 @@ class ChoiceStream:
             "logprobs": None,
             "finish_reason": finish_reason,
         }
+
+
+def call_deltas(index: int, call: dict[str, Any], piece: int = 16) -> list[dict[str, Any]]:
+    """One tool call as OpenAI streams it: id, type and name with empty arguments, then the
+    arguments in pieces (a client concatenates them)."""
+    args = call["function"]["arguments"]
+    head = {
+        "index": index,
+        "id": call["id"],
+        "type": "function",
+        "function": {"name": call["function"]["name"], "arguments": ""},
+    }
+    rest = [
+        {"index": index, "function": {"arguments": args[i : i + piece]}}
+        for i in range(0, len(args), piece)
+    ]
+    return [head, *rest]
