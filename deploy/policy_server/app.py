@@ -175,6 +175,14 @@ def _install_errors(app: FastAPI) -> None:
         errors = exc.errors()
         if any(e.get("type") == "json_invalid" for e in errors):
             return _answer(OpenAIError(400, "the request body is not valid JSON", param="body"))
+        extra = [e for e in errors if e.get("type") == "extra_forbidden"]
+        if extra:
+            param = error_param(tuple(extra[0].get("loc", ())))
+            message = (
+                f"unsupported parameter: {param}: this server does not implement it (the "
+                "README's OpenAI compatibility table lists what it does)"
+            )
+            return _answer(OpenAIError(400, message, param=param, code="unsupported_parameter"))
         first = max(errors, key=lambda e: len(e.get("loc", ())))  # the deepest: most specific
         param = error_param(tuple(first.get("loc", ())))
         message = f"invalid request: {param}: {first.get('msg', 'invalid value')}"

@@ -20,6 +20,7 @@ import torch
 
 from deploy.policy_server.openai_wire import ChatRequest, OpenAIError
 from learner.policy.chat_format import ToolFormat
+from learner.policy.line_format import main_parameter
 
 INSTALL = "pip install 'arloop[learn]' (llguidance)"
 _WRAPPED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -114,7 +115,14 @@ def _grammar(req: ChatRequest, fmt: ToolFormat) -> tuple[str | None, str]:
 def _json_grammar(schema: dict[str, Any]) -> str:
     import llguidance
 
-    return llguidance.LLMatcher.grammar_from_json_schema(schema)
+    return llguidance.LLMatcher.grammar_from_json_schema(_compact(schema))
+
+
+def _compact(schema: dict[str, Any]) -> dict[str, Any]:
+    """JSON written as OpenAI writes it (`, ` and `: `, no other whitespace): a model cannot
+    loop on newlines between tokens the schema fixes."""
+    options = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+    return {**schema, "x-guidance": {**options, **schema.get("x-guidance", {})}}
 
 
 def _tool_grammar(req: ChatRequest, fmt: ToolFormat) -> str:
@@ -132,28 +140,38 @@ def _tool_grammar(req: ChatRequest, fmt: ToolFormat) -> str:
             )
         names = [name]
     if fmt == "line":  # `CALL name: argument`, one call a turn (the server stops after it)
-        alternatives = " | ".join(json.dumps(f"CALL {n}:") for n in names)
-        return _lark(f'start: ({alternatives}) /[^\\n]*/ "\\n"\n')
-    schema = {
-        "anyOf": [
-            {
-                "type": "object",
-                "properties": {
-                    "name": {"const": n},
-                    "arguments": tools[n].parameters or {"type": "object"},
-                },
-                "required": ["name", "arguments"],
-                "additionalProperties": False,
-            }
-            for n in names
-        ]
-    }
+        alternatives = " | ".join(_line_call(tools[n].model_dump(), n) for n in names)
+        return _lark(f"start: {alternatives}\n")
+    schema = _compact(
+        {
+            "anyOf": [
+                {
+                    "type": "object",
+                    "properties": {
+                        "name": {"const": n},
+                        "arguments": tools[n].parameters or {"type": "object"},
+                    },
+                    "required": ["name", "arguments"],
+                    "additionalProperties": False,
+                }
+                for n in names
+            ]
+        }
+    )
     repeat = ' ("\\n" call)*' if req.parallel_tool_calls else ""
     return _lark(
         f"start: call{repeat}\n"
         f'call: "<tool_call>" body "</tool_call>"\n'
         f"body: %json {json.dumps(schema)}\n"
     )
+
+
+def _line_call(function: dict[str, Any], name: str) -> str:
+    """One tool's call line: its main argument as the line format writes it (60 characters at
+    most), or nothing for a tool without one; the newline ends the row."""
+    if main_parameter(function) is None:
+        return f'({json.dumps(f"CALL {name}:")} "\\n")'
+    return f'({json.dumps(f"CALL {name}: ")} /[A-Za-z0-9][^\\n]{{0,60}}/ "\\n")'
 
 
 def _lark(text: str) -> str:
