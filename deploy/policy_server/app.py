@@ -20,6 +20,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from agents.errors import ArloopError
 from deploy.credentials import PolicyKey
@@ -29,7 +30,13 @@ from deploy.policy_server.completions import ServerState, chat_completions
 from deploy.policy_server.engines import build_engine, choose_engine
 from deploy.policy_server.heartbeat import Heartbeat
 from deploy.policy_server.metrics import PolicyMetrics
-from deploy.policy_server.openai_wire import OpenAIError, error_body, error_param, tool_format_of
+from deploy.policy_server.openai_wire import (
+    OpenAIError,
+    documented,
+    error_body,
+    error_param,
+    tool_format_of,
+)
 from deploy.policy_server.versions import Loader, VersionManager
 from deploy.settings import PolicyServerSettings
 from learner.policy.registry import VersionStatus
@@ -88,11 +95,18 @@ def create_app(
     _install_errors(app)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(_CountRequests, metrics=metrics)
-    app.post(CHAT_PATH)(chat_completions)
-    app.get("/v1/models")(list_models)
-    app.get("/v1/models/{model}")(retrieve_model)
-    app.get("/healthz")(healthz)
-    app.get("/metrics")(metrics_text)
+    stream = {"text/event-stream": {}, "application/json": {}}
+    app.post(
+        CHAT_PATH,
+        responses={200: {"content": stream, "description": "A chat.completion, or its chunks"}}
+        | documented(400, 401, 403, 404, 413, 500),
+    )(chat_completions)
+    app.get("/v1/models", responses=documented(401, 413))(list_models)
+    app.get("/v1/models/{model}", responses=documented(401, 404, 413))(retrieve_model)
+    health = {"content": {"application/json": {}}, "description": "Degraded: `problems` say why"}
+    app.get("/healthz", responses={503: health} | documented(413))(healthz)
+    prometheus = {"content": {CONTENT_TYPE_LATEST: {}}, "description": "Prometheus text."}
+    app.get("/metrics", responses={200: prometheus} | documented(413))(metrics_text)
     return app
 
 
@@ -187,6 +201,13 @@ def _install_errors(app: FastAPI) -> None:
         param = error_param(tuple(first.get("loc", ())))
         message = f"invalid request: {param}: {first.get('msg', 'invalid value')}"
         return _answer(OpenAIError(400, message, param=param))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        reason = "the request body is not valid JSON" if exc.status_code == 400 else exc.detail
+        error = OpenAIError(exc.status_code, str(reason))
+        headers = {**error.headers(), **(exc.headers or {})}
+        return JSONResponse(error_body(error), status_code=exc.status_code, headers=headers)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:

@@ -37,23 +37,58 @@ def error_body(exc: ArloopError) -> dict[str, Any]:
     return {"error": {"message": exc.reason, "type": kind, "param": param, "code": code}}
 
 
-class TextPart(BaseModel):
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorBody(BaseModel):
+    """Every error answer, in OpenAI's shape."""
+
+    error: ErrorDetail
+
+
+_WHY = {
+    400: "A parameter is invalid or not supported (`param` names it).",
+    401: "No API key, or not one of ARLOOP_POLICY_KEYS.",
+    403: "The version was rejected by the eval gate (only the gate's key samples it).",
+    404: "No such model name or version.",
+    413: "The body is over ARLOOP_MAX_BODY_BYTES.",
+    500: "Generation failed.",
+    503: "The registry's champion cannot load (the server serves another meanwhile).",
+}
+
+
+def documented(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses` for these error statuses (schemathesis checks the answers)."""
+    return {code: {"model": ErrorBody, "description": _WHY[code]} for code in codes}
+
+
+class _Wire(BaseModel):
+    """A request part: strict, as its JSON schema says (`"true"` is not a boolean)."""
+
+    model_config = ConfigDict(strict=True)
+
+
+class TextPart(_Wire):
     type: Literal["text"]
     text: str
 
 
-class FunctionCall(BaseModel):
+class FunctionCall(_Wire):
     name: str
     arguments: str = "{}"
 
 
-class ToolCall(BaseModel):
+class ToolCall(_Wire):
     id: str | None = None
     type: Literal["function"] = "function"
     function: FunctionCall
 
 
-class Message(BaseModel):
+class Message(_Wire):
     model_config = ConfigDict(extra="ignore")
 
     role: Role
@@ -63,7 +98,7 @@ class Message(BaseModel):
     name: str | None = None
 
 
-class FunctionSpec(BaseModel):
+class FunctionSpec(_Wire):
     model_config = ConfigDict(extra="allow")
 
     name: str = Field(min_length=1, max_length=64)
@@ -71,29 +106,29 @@ class FunctionSpec(BaseModel):
     parameters: dict[str, Any] | None = None
 
 
-class Tool(BaseModel):
+class Tool(_Wire):
     type: Literal["function"]
     function: FunctionSpec
 
 
-class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class StreamOptions(_Wire):
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     include_usage: bool = False
 
 
-class FunctionName(BaseModel):
+class FunctionName(_Wire):
     name: str = Field(min_length=1, max_length=64)
 
 
-class NamedToolChoice(BaseModel):
+class NamedToolChoice(_Wire):
     """`{"type": "function", "function": {"name": ...}}`: that function must be called."""
 
     type: Literal["function"]
     function: FunctionName
 
 
-class JsonSchemaFormat(BaseModel):
+class JsonSchemaFormat(_Wire):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
     name: str = Field(min_length=1, max_length=64)
@@ -102,7 +137,7 @@ class JsonSchemaFormat(BaseModel):
     strict: bool | None = None
 
 
-class ResponseFormat(BaseModel):
+class ResponseFormat(_Wire):
     """`text`, `json_object` (any JSON object) or `json_schema` (one matching the schema)."""
 
     model_config = ConfigDict(extra="forbid")
@@ -115,13 +150,14 @@ SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
 MAX_DEPTH = 32  # the deepest nesting of a request's JSON (OpenAI's tool schemas need ~10)
 
 
-class ChatRequest(BaseModel):
+class ChatRequest(_Wire):
     """POST /v1/chat/completions. A parameter this server does not implement is a 400 naming it
-    (see the README's compatibility table), never silently ignored."""
+    (see the README's compatibility table), never silently ignored. Strict: `"true"` is not a
+    boolean, `"2"` not a number."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
-    model: str
+    model: str = Field(examples=["arloop", "arloop@candidate", "arloop@v0"])
     messages: list[Message] = Field(min_length=1)
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
