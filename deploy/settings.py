@@ -156,7 +156,8 @@ class PolicyEndpointSettings(CommonSettings):
     policy_model: str = "openai/arloop"
     """Any litellm model string; `openai/<name>` for an OpenAI-compatible endpoint."""
     policy_api_key: str = "none"
-    """API key sent to the policy endpoint (arloop's policy server ignores it)."""
+    """API key sent to the policy endpoint (arloop's policy server checks it against its
+    `ARLOOP_POLICY_KEYS` when that is set; the learner's must be the gate's key there)."""
     policy_timeout_s: float = Field(60.0, gt=0.0)
     """Seconds one model call may take before it fails (504 on the agent API)."""
     policy_temperature: float | None = None
@@ -358,7 +359,7 @@ class PolicyServerSettings(ModelSettings):
     `{"key": "...", "name": "learner", "gate": true}` for the eval gate's key (the only one that
     may sample a rejected version). Empty: no key needed (development; production refuses it).
     Clients send theirs as `ARLOOP_POLICY_API_KEY`."""
-    max_body_bytes: int = Field(1024 * 1024, ge=1024)
+    policy_max_body_bytes: int = Field(1024 * 1024, ge=1024)
     """Request bodies above this size are refused with 413 before they are read or tokenised."""
     max_request_tokens: int = Field(16384, ge=1)
     """Most completion tokens one request may ask for, its choices together (`n` x

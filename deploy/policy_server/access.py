@@ -94,7 +94,7 @@ class BodyLimit:
         return await self.app(scope, _replay(b"".join(chunks), receive), send)
 
     async def _refuse(self, send) -> None:
-        reason = f"the request body is over {self.max_bytes} bytes (ARLOOP_MAX_BODY_BYTES)"
+        reason = f"the request body is over {self.max_bytes} bytes (ARLOOP_POLICY_MAX_BODY_BYTES)"
         error = {"message": reason, "type": "invalid_request_error", "param": None, "code": None}
         payload = json.dumps({"error": error}).encode()
         headers = [

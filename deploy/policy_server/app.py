@@ -93,7 +93,7 @@ def create_app(
     app = FastAPI(title="arloop policy server", lifespan=lifespan)
     app.state.policy_keys = list(settings.policy_keys)
     _install_errors(app)
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(BodyLimit, max_bytes=settings.policy_max_body_bytes)
     app.add_middleware(_CountRequests, metrics=metrics)
     stream = {"text/event-stream": {}, "application/json": {}}
     app.post(

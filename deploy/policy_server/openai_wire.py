@@ -55,7 +55,7 @@ _WHY = {
     401: "No API key, or not one of ARLOOP_POLICY_KEYS.",
     403: "The version was rejected by the eval gate (only the gate's key samples it).",
     404: "No such model name or version.",
-    413: "The body is over ARLOOP_MAX_BODY_BYTES.",
+    413: "The body is over ARLOOP_POLICY_MAX_BODY_BYTES.",
     500: "Generation failed.",
     503: "The registry's champion cannot load (the server serves another meanwhile).",
 }

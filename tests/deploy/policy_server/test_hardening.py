@@ -33,7 +33,7 @@ def engine(request) -> str:
 
 @pytest.fixture
 def server(redis_url, engine):
-    settings = tiny_settings(redis_url, policy_engine=engine, max_body_bytes=512 * 1024)
+    settings = tiny_settings(redis_url, policy_engine=engine, policy_max_body_bytes=512 * 1024)
     with running_server(settings) as base:
         yield base
 
@@ -116,7 +116,7 @@ def test_a_20_mb_body_is_refused_before_it_is_read(server):
     watcher.start()
     r = _chat(server, big)
     watcher.join(timeout=30)
-    assert r.status_code == 413 and "ARLOOP_MAX_BODY_BYTES" in r.json()["error"]["message"]
+    assert r.status_code == 413 and "ARLOOP_POLICY_MAX_BODY_BYTES" in r.json()["error"]["message"]
 
     def chunks():  # no Content-Length: counted as it arrives
         for _ in range(400):
