@@ -364,6 +364,10 @@ class PolicyServerSettings(ModelSettings):
     max_request_tokens: int = Field(16384, ge=1)
     """Most completion tokens one request may ask for, its choices together (`n` x
     `max_tokens`, 400 above); a request without `max_tokens` gets its share per choice."""
+    key_tokens_per_minute: int | None = Field(None, ge=1)
+    """Completion tokens (`n` x `max_tokens`, reserved as a request starts) one policy key may
+    ask for a minute, 429 with Retry-After above; without keys, all callers together. Unset:
+    no limit."""
 
     @field_validator("policy_keys", mode="before")
     @classmethod

@@ -6,6 +6,10 @@ from __future__ import annotations
 
 import hmac
 import json
+import math
+import threading
+import time
+from collections import defaultdict, deque
 from typing import Annotated
 
 from fastapi import Depends, Request
@@ -64,6 +68,38 @@ def rejected_refusal(version: str) -> OpenAIError:
         param="model",
         code="model_rejected",
     )
+
+
+class TokenBudget:
+    """Completion tokens each key may ask for a minute (`n` x `max_tokens`, reserved when a
+    request starts), a sliding window per key; without keys, all callers share one window."""
+
+    def __init__(self, per_minute: int | None) -> None:
+        self.per_minute = per_minute
+        self._spent: dict[str, deque[tuple[float, int]]] = defaultdict(deque)
+        self._lock = threading.Lock()
+
+    def take(self, key: PolicyKey | None, tokens: int, now: float | None = None) -> None:
+        """Reserve `tokens` for `key`, or a 429 saying when the window has room again."""
+        if self.per_minute is None:
+            return
+        now = time.monotonic() if now is None else now
+        name = key.name if key is not None else ""
+        with self._lock:
+            window = self._spent[name]
+            while window and window[0][0] <= now - 60:
+                window.popleft()
+            used = sum(n for _, n in window)
+            if used + tokens > self.per_minute:
+                error = OpenAIError(
+                    429,
+                    f"this key asked for {used} completion tokens in the last minute; "
+                    f"{tokens} more is over ARLOOP_KEY_TOKENS_PER_MINUTE ({self.per_minute})",
+                    code="rate_limit_exceeded",
+                )
+                error.retry_after = max(1, math.ceil(window[0][0] + 60 - now)) if window else 60
+                raise error
+            window.append((now, tokens))
 
 
 class BodyLimit:

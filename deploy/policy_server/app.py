@@ -25,7 +25,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from agents.errors import ArloopError
 from deploy.credentials import PolicyKey
 from deploy.logs import setup_logging
-from deploy.policy_server.access import BodyLimit, Caller, may_sample_rejected
+from deploy.policy_server.access import BodyLimit, Caller, TokenBudget, may_sample_rejected
 from deploy.policy_server.completions import ServerState, chat_completions
 from deploy.policy_server.engines import build_engine, choose_engine
 from deploy.policy_server.heartbeat import Heartbeat
@@ -81,7 +81,10 @@ def create_app(
         )
         await asyncio.to_thread(versions.start)
         engine.generation.start()
-        app.state.policy = ServerState(settings, versions, engine.generation, metrics, engine.label)
+        budget = TokenBudget(settings.key_tokens_per_minute)
+        app.state.policy = ServerState(
+            settings, versions, engine.generation, metrics, engine.label, budget
+        )
         try:
             yield
         finally:
@@ -99,7 +102,7 @@ def create_app(
     app.post(
         CHAT_PATH,
         responses={200: {"content": stream, "description": "A chat.completion, or its chunks"}}
-        | documented(400, 401, 403, 404, 413, 500),
+        | documented(400, 401, 403, 404, 413, 429, 500),
     )(chat_completions)
     app.get("/v1/models", responses=documented(401, 413))(list_models)
     app.get("/v1/models/{model}", responses=documented(401, 404, 413))(retrieve_model)

@@ -16,7 +16,7 @@ from starlette.background import BackgroundTask
 
 from deploy.credentials import PolicyKey
 from deploy.logs import bind
-from deploy.policy_server.access import Caller, may_sample_rejected, rejected_refusal
+from deploy.policy_server.access import Caller, TokenBudget, may_sample_rejected, rejected_refusal
 from deploy.policy_server.metrics import PolicyMetrics
 from deploy.policy_server.openai_wire import (
     ChatRequest,
@@ -42,6 +42,7 @@ class ServerState:
     engine: GenerationEngine
     metrics: PolicyMetrics
     engine_label: str  # `llamacpp-f16` or `transformers-fp32`: which numerics gave the logprobs
+    budget: TokenBudget
 
 
 async def chat_completions(req: ChatRequest, request: Request, key: Caller):
@@ -55,6 +56,11 @@ async def chat_completions(req: ChatRequest, request: Request, key: Caller):
     try:  # off the event loop: a long prompt's tokens or a grammar cost CPU time
         ready = await asyncio.to_thread(prepare, req, policy.tokenizer, policy.context, st.settings)
     except BaseException:
+        st.versions.release(policy)
+        raise
+    try:
+        st.budget.take(key, sum(p.max_tokens for p in ready.params))
+    except OpenAIError:
         st.versions.release(policy)
         raise
     prompt_ids = ready.prompt_ids

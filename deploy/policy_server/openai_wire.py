@@ -56,6 +56,7 @@ _WHY = {
     403: "The version was rejected by the eval gate (only the gate's key samples it).",
     404: "No such model name or version.",
     413: "The body is over ARLOOP_POLICY_MAX_BODY_BYTES.",
+    429: "The key's completion tokens a minute are spent (Retry-After says when).",
     500: "Generation failed.",
     503: "The registry's champion cannot load (the server serves another meanwhile).",
 }

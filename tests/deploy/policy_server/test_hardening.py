@@ -210,3 +210,44 @@ def _wait(condition, timeout: float = 30) -> None:
     while not condition():
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.1)
+
+
+def test_a_key_spends_its_tokens_a_minute_then_waits(redis_url, engine):
+    keys = [AGENTS_KEY, {"key": GATE_KEY, "name": "learner", "gate": True}]
+    settings = tiny_settings(
+        redis_url, policy_engine=engine, policy_keys=keys, key_tokens_per_minute=10
+    )
+    agents = {"Authorization": f"Bearer {AGENTS_KEY}"}
+    with running_server(settings) as base:
+        assert _chat(base, _body(max_tokens=4, n=2), headers=agents).status_code == 200
+        over = _chat(base, _body(max_tokens=3), headers=agents)  # 8 + 3 > 10
+        assert over.status_code == 429 and "ARLOOP_KEY_TOKENS_PER_MINUTE" in over.text
+        assert 1 <= int(over.headers["Retry-After"]) <= 60
+        assert _chat(base, _body(max_tokens=2), headers=agents).status_code == 200  # 10: fits
+        gate = {"Authorization": f"Bearer {GATE_KEY}"}
+        assert _chat(base, _body(max_tokens=8), headers=gate).status_code == 200  # its own
+
+
+def test_token_budget_window_slides():
+    from deploy.credentials import PolicyKey
+    from deploy.policy_server.access import TokenBudget
+    from deploy.policy_server.openai_wire import OpenAIError
+
+    budget, key = TokenBudget(100), PolicyKey(key="k" * 30, name="a")
+    budget.take(key, 60, now=0.0)
+    budget.take(key, 40, now=30.0)
+    with pytest.raises(OpenAIError) as info:
+        budget.take(key, 1, now=59.0)
+    assert info.value.status == 429 and info.value.retry_after == 1
+    budget.take(key, 60, now=60.0)  # the first 60 left the window
+
+
+def test_production_needs_strong_policy_keys():
+    from deploy.settings import PolicyServerSettings
+
+    base = {"_env_file": None, "env": "production", "redis_url": "redis://u:p@redis:6379"}
+    with pytest.raises(ValueError, match="ARLOOP_POLICY_KEYS is empty"):
+        PolicyServerSettings(**base)
+    with pytest.raises(ValueError, match="too weak"):
+        PolicyServerSettings(**base, policy_keys=["a"])
+    assert PolicyServerSettings(**base, policy_keys=[AGENTS_KEY]).policy_keys[0].name
