@@ -157,8 +157,7 @@ async def _stream(req: ChatRequest, run: _Run, rid: str):
         yield writer.chunk([c.first() for c in choices], **extra)
         async for ev in run.events():
             if not isinstance(ev, FinishEvent):
-                delta = choices[ev.index].on_token(ev)
-                if delta is not None:
+                for delta in choices[ev.index].on_token(ev):
                     yield writer.chunk([delta])
                 continue
             if ev.finish_reason == "error":

@@ -264,3 +264,34 @@ def test_the_hermes_call_grammar_gives_calls_that_parse(parallel):
             args = json.loads(call["function"]["arguments"])
             assert call["function"]["name"] in ("sky", "add"), text
             assert list(args.values()) in (["P"], ["O"])
+
+
+def test_forced_hermes_calls_stream_their_arguments_as_they_come():
+    """Each piece of the model's text as its own token event; the deltas follow the text."""
+    from deploy.policy_server.openai_wire import ChatRequest
+    from deploy.policy_server.stream import ChoiceStream
+    from learner.policy.generation.rows import FinishEvent, TokenEvent
+
+    req = ChatRequest(
+        model="arloop", messages=HI, tools=[WEATHER, CALC], tool_choice="required", stream=True
+    )
+    text = (
+        '<tool_call>{"name": "sky", "arguments": {"c": "P", "note": "a}b"}}</tool_call>\n'
+        '<tool_call>{"name": "add", "arguments": {"x": "1"}}</tool_call>'
+    )
+    stream = ChoiceStream(req, 0, tokenizer=None, tool_format="hermes")
+    seen, before_end = [], 0
+    for i in range(0, len(text), 3):
+        deltas = stream.on_token(TokenEvent(0, 1, 0.0, None, text[i : i + 3]))
+        seen += [d["delta"]["tool_calls"][0] for d in deltas if "tool_calls" in d["delta"]]
+        before_end = len(seen)
+    done = stream.on_finish(FinishEvent(0, "stop", text, [], [], []))
+    seen += [d["delta"]["tool_calls"][0] for d in done if d["delta"].get("tool_calls")]
+    assert before_end >= 6  # two heads and argument pieces, before the reply ended
+    heads = [d for d in seen if "id" in d]
+    assert [h["function"]["name"] for h in heads] == ["sky", "add"]
+    for k, expected in enumerate([{"c": "P", "note": "a}b"}, {"x": "1"}]):
+        args = "".join(d["function"]["arguments"] for d in seen if d["index"] == k)
+        assert json.loads(args) == expected
+    assert done[-1]["finish_reason"] == "tool_calls"
+    assert all(not d["delta"].get("content") for d in done)
