@@ -76,6 +76,20 @@ class ApiKey(BaseModel):
         return user if self.tenant == "default" else f"{self.tenant}:{user}"
 
 
+class PolicyKey(BaseModel):
+    """One client credential of the policy server (`ARLOOP_POLICY_KEYS`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    key: SecretStr
+    """The bearer token the client sends (litellm's and the openai SDK's `api_key`)."""
+    name: str = Field(pattern=NAME)
+    """The credential's name, on logs (never the key)."""
+    gate: bool = False
+    """The eval gate's key (the learner's `ARLOOP_POLICY_API_KEY`): the only one that may sample
+    a version the gate rejected, by name."""
+
+
 def plain_key(key: str) -> dict[str, str]:
     """A bare string in ARLOOP_API_KEYS: identity `any`, named by a digest of the key."""
     return {"key": key, "name": "key-" + hashlib.sha256(key.encode()).hexdigest()[:8]}

@@ -40,6 +40,7 @@ from deploy.credentials import (
     SECRET_MIN_CHARS,
     ApiKey,
     Identity,
+    PolicyKey,
     plain_key,
     redis_password_weakness,
     weakness,
@@ -188,7 +189,8 @@ class PolicyEndpointSettings(CommonSettings):
     policy_model: str = "openai/arloop"
     """Any litellm model string; `openai/<name>` for an OpenAI-compatible endpoint."""
     policy_api_key: str = "none"
-    """API key sent to the policy endpoint (arloop's policy server ignores it)."""
+    """API key sent to the policy endpoint (arloop's policy server checks it against its
+    `ARLOOP_POLICY_KEYS` when that is set; the learner's must be the gate's key there)."""
     policy_timeout_s: float = Field(60.0, gt=0.0)
     """Seconds one model call may take before it fails (504 on the agent API)."""
     policy_temperature: float | None = None
@@ -360,7 +362,10 @@ class PolicyServerSettings(ModelSettings):
     served_name: str = "arloop"
     """The model name clients use: `arloop`, `arloop@champion`, `arloop@v3`."""
     max_tokens_cap: int = 1024
-    """Most completion tokens one choice may ask for (`max_tokens` above is cut to this)."""
+    """Most completion tokens one choice may ask for (`max_tokens` above: 400, as OpenAI)."""
+    clamp_max_tokens: bool = False
+    """`max_tokens` over the cap or over what the context leaves is cut to fit instead of
+    refused (a client that cannot know the context: tests of agents on the tiny model)."""
     max_batch_size: int = 8
     """Most sequences in one batched forward pass."""
     batch_window_ms: float = 5.0
@@ -401,3 +406,42 @@ class PolicyServerSettings(ModelSettings):
     logprob 0.0015 a token; `q8_0` is 1.15-1.4x faster but changes most greedy outputs (1 of 8
     kept) with a gap of 0.04 (the learner then recomputes its behaviour logprobs); `f32` is
     the slowest."""
+    policy_keys: list[PolicyKey] = Field(default_factory=list)
+    """Client credentials of the policy server, a JSON list: a bare key string, or
+    `{"key": "...", "name": "learner", "gate": true}` for the eval gate's key (the only one that
+    may sample a rejected version). Empty: no key needed (development; production refuses it).
+    Clients send theirs as `ARLOOP_POLICY_API_KEY`."""
+    policy_max_body_bytes: int = Field(1024 * 1024, ge=1024)
+    """Request bodies above this size are refused with 413 before they are read or tokenised."""
+    max_request_tokens: int = Field(16384, ge=1)
+    """Most completion tokens one request may ask for, its choices together (`n` x
+    `max_tokens`, 400 above); a request without `max_tokens` gets its share per choice."""
+    key_tokens_per_minute: int | None = Field(None, ge=1)
+    """Completion tokens (`n` x `max_tokens`, reserved as a request starts) one policy key may
+    ask for a minute, 429 with Retry-After above; without keys, all callers together. Unset:
+    no limit."""
+
+    @field_validator("policy_keys", mode="before")
+    @classmethod
+    def _bare_policy_keys(cls, value: Any) -> Any:
+        if isinstance(value, list):
+            return [plain_key(v) if isinstance(v, str) else v for v in value]
+        return value
+
+    @model_validator(mode="after")
+    def _keys_in_production(self) -> PolicyServerSettings:
+        if self.env != "production":
+            return self
+        if not self.policy_keys:
+            raise ValueError(
+                "ARLOOP_POLICY_KEYS is empty: in production every client of the policy server "
+                f"needs its own key, e.g. `{HOW_TO_MAKE_ONE}`"
+            )
+        for k in self.policy_keys:
+            why = weakness(k.key.get_secret_value(), KEY_MIN_CHARS, KEY_MIN_BITS)
+            if why:
+                raise ValueError(
+                    f"policy key {k.name!r} is too weak for production ({why}): replace it in "
+                    f"ARLOOP_POLICY_KEYS with a random one, e.g. `{HOW_TO_MAKE_ONE}`"
+                )
+        return self

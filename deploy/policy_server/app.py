@@ -9,53 +9,40 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import secrets
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from typing import Any
 
 import redis
 import torch
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from starlette.background import BackgroundTask
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from agents.errors import ArloopError
-from deploy.logs import bind, setup_logging
+from deploy.credentials import PolicyKey
+from deploy.logs import setup_logging
+from deploy.policy_server.access import BodyLimit, Caller, TokenBudget, may_sample_rejected
+from deploy.policy_server.completions import ServerState, chat_completions
 from deploy.policy_server.engines import build_engine, choose_engine
 from deploy.policy_server.heartbeat import Heartbeat
 from deploy.policy_server.metrics import PolicyMetrics
 from deploy.policy_server.openai_wire import (
-    ChatRequest,
     OpenAIError,
-    completion_body,
+    documented,
     error_body,
     error_param,
-    prepare,
-    target_of,
     tool_format_of,
 )
-from deploy.policy_server.stream import ChoiceStream, ChunkWriter, sse
-from deploy.policy_server.versions import LoadedPolicy, Loader, VersionManager, VersionUnavailable
+from deploy.policy_server.versions import Loader, VersionManager
 from deploy.settings import PolicyServerSettings
-from learner.policy.generation.engine import FinishEvent, GenerationEngine, Row
-from learner.policy.registry import PolicyRegistry, UnknownVersion, VersionStatus
+from learner.policy.registry import PolicyRegistry, VersionStatus
 
 log = logging.getLogger(__name__)
 CHAT_PATH = "/v1/chat/completions"
-
-
-@dataclass
-class ServerState:
-    settings: PolicyServerSettings
-    versions: VersionManager
-    engine: GenerationEngine
-    metrics: PolicyMetrics
-    engine_label: str  # `llamacpp-f16` or `transformers-fp32`: which numerics gave the logprobs
 
 
 def create_app(
@@ -94,7 +81,10 @@ def create_app(
         )
         await asyncio.to_thread(versions.start)
         engine.generation.start()
-        app.state.policy = ServerState(settings, versions, engine.generation, metrics, engine.label)
+        budget = TokenBudget(settings.key_tokens_per_minute)
+        app.state.policy = ServerState(
+            settings, versions, engine.generation, metrics, engine.label, budget
+        )
         try:
             yield
         finally:
@@ -104,79 +94,71 @@ def create_app(
             torch.set_num_threads(threads)
 
     app = FastAPI(title="arloop policy server", lifespan=lifespan)
+    app.state.policy_keys = list(settings.policy_keys)
     _install_errors(app)
+    app.add_middleware(BodyLimit, max_bytes=settings.policy_max_body_bytes)
     app.add_middleware(_CountRequests, metrics=metrics)
-    app.post(CHAT_PATH)(chat_completions)
-    app.get("/v1/models")(list_models)
-    app.get("/healthz")(healthz)
-    app.get("/metrics")(metrics_text)
+    stream = {"text/event-stream": {}, "application/json": {}}
+    app.post(
+        CHAT_PATH,
+        responses={200: {"content": stream, "description": "A chat.completion, or its chunks"}}
+        | documented(400, 401, 403, 404, 413, 429, 500),
+    )(chat_completions)
+    app.get("/v1/models", responses=documented(401, 413))(list_models)
+    app.get("/v1/models/{model}", responses=documented(401, 404, 413))(retrieve_model)
+    health = {"content": {"application/json": {}}, "description": "Degraded: `problems` say why"}
+    app.get("/healthz", responses={503: health} | documented(413))(healthz)
+    prometheus = {"content": {CONTENT_TYPE_LATEST: {}}, "description": "Prometheus text."}
+    app.get("/metrics", responses={200: prometheus} | documented(413))(metrics_text)
     return app
 
 
-async def chat_completions(req: ChatRequest, request: Request):
-    """OpenAI's chat completions; `stream: true` answers with server-sent events."""
-    st: ServerState = request.app.state.policy
-    request_id = f"chatcmpl-{secrets.token_hex(12)}"
-    bind(trace=request_id)
-    policy = await _lease(st, target_of(req.model, st.settings.served_name))
-    bind(version=policy.version)
-    try:
-        prompt_ids, params = prepare(req, policy.tokenizer, policy.context, st.settings)
-    except BaseException:
-        st.versions.release(policy)
-        raise
-    st.metrics.prompt_tokens.inc(len(prompt_ids))
-    run = _Run(st, policy, prompt_ids, params, stream=req.stream)
-    if req.stream:
-        # close() runs when the stream ends, and again (a no-op) after the response: a client
-        # that leaves before the first chunk never starts the generator, so never runs its finally.
-        events = _stream(req, run, request_id)
-        return StreamingResponse(
-            events, media_type="text/event-stream", background=BackgroundTask(run.close)
-        )
-    try:
-        finishes = await run.finishes()
-    finally:
-        run.close()
-    failed = [f for f in finishes if f.finish_reason == "error"]
-    if failed:
-        raise OpenAIError(500, f"generation failed: {failed[0].error}", code="generation_error")
-    return completion_body(
-        req,
-        request_id=request_id,
-        version=policy.version,
-        tokenizer=policy.tokenizer,
-        prompt_ids=prompt_ids,
-        finishes=finishes,
-        tool_format=tool_format_of(st.settings),
-        engine=st.engine_label,
-    )
+async def list_models(request: Request, key: Caller) -> dict[str, Any]:
+    """The model names this caller may send: the aliases served and every usable version
+    (rejected ones to the eval gate's key only)."""
+    return {"object": "list", "data": await _models(request, key)}
 
 
-async def list_models(request: Request) -> dict[str, Any]:
-    """The model names clients may send: the aliases served and every usable version."""
+async def retrieve_model(model: str, request: Request, key: Caller) -> dict[str, Any]:
+    """One model name (`models.retrieve`); 404 for a name this caller may not send."""
+    for entry in await _models(request, key):
+        if entry["id"] == model:
+            return entry
+    raise OpenAIError(404, f"model {model!r} does not exist", param="model", code="model_not_found")
+
+
+async def _models(request: Request, key: PolicyKey | None) -> list[dict[str, Any]]:
     st: ServerState = request.app.state.policy
     name = st.settings.served_name
     records = await asyncio.to_thread(st.versions.registry.versions)
+    hidden = {VersionStatus.BROKEN} | (
+        set() if may_sample_rejected(key) else {VersionStatus.REJECTED}
+    )
     ids = [name] + [f"{name}@{alias}" for alias in st.versions.serving()]
-    ids += [f"{name}@{r.version}" for r in records if r.status is not VersionStatus.BROKEN]
-    return {
-        "object": "list",
-        "data": [{"id": i, "object": "model", "created": 0, "owned_by": "arloop"} for i in ids],
-    }
+    ids += [f"{name}@{r.version}" for r in records if r.status not in hidden]
+    created = {f"{name}@{r.version}": int(r.created_at or 0) for r in records}
+    return [
+        {"id": i, "object": "model", "created": created.get(i, 0), "owned_by": "arloop"}
+        for i in ids
+    ]
 
 
-async def healthz(request: Request) -> dict[str, Any]:
-    """What this process serves: aliases, loaded versions, and each one's checkpoint digest."""
+async def healthz(request: Request) -> JSONResponse:
+    """What this process serves: aliases, loaded versions, each one's checkpoint digest; 503
+    with the problems when the registry's champion is not what it serves (it cannot load)."""
     st: ServerState = request.app.state.policy
     versions = st.versions
-    return {
-        "status": "ok",
+    problems = versions.problems()
+    body = {
+        "status": "degraded" if problems else "ok",
         "engine": st.engine_label,
         "serving": versions.serving(),
         "loaded": versions.loaded(),
         "digests": versions.digests(),
+        "problems": problems,
+        "notices": versions.notices,
     }
+    return JSONResponse(body, status_code=503 if problems else 200)
 
 
 def _beat_safely(heartbeat: Heartbeat):
@@ -192,100 +174,6 @@ def _beat_safely(heartbeat: Heartbeat):
 async def metrics_text(request: Request) -> PlainTextResponse:
     st: ServerState = request.app.state.policy
     return PlainTextResponse(generate_latest(st.metrics.registry), media_type=CONTENT_TYPE_LATEST)
-
-
-class _Run:
-    """One request's rows in the engine, the queue their events come back on, and its lease."""
-
-    def __init__(self, st: ServerState, policy: LoadedPolicy, prompt_ids, params, stream: bool):
-        loop = asyncio.get_running_loop()
-        self.st, self.policy, self.finished = st, policy, []
-        self.queue: asyncio.Queue = asyncio.Queue()
-        self._closed = False
-
-        def emit(event) -> None:
-            try:
-                loop.call_soon_threadsafe(self.queue.put_nowait, event)
-            except RuntimeError:  # the loop is gone (shutdown): nobody is listening
-                pass
-
-        self.rows = [
-            Row(policy, prompt_ids, p, emit, index=i, stream=stream) for i, p in enumerate(params)
-        ]
-        st.engine.submit(self.rows)
-
-    async def events(self) -> AsyncIterator[Any]:
-        pending = len(self.rows)
-        while pending:
-            event = await self.queue.get()
-            if isinstance(event, FinishEvent):
-                pending -= 1
-                self.finished.append(event)
-            yield event
-
-    async def finishes(self) -> list[FinishEvent]:
-        return [e async for e in self.events() if isinstance(e, FinishEvent)]
-
-    def close(self) -> None:
-        """Stop rows nobody waits for, count tokens, end the lease; safe to call twice."""
-        if self._closed:
-            return
-        self._closed = True
-        for row in self.rows:
-            row.cancelled = row.finish_reason is None
-        generated = sum(len(f.token_ids) for f in self.finished)
-        self.st.metrics.generated_tokens.labels(version=self.policy.version).inc(generated)
-        self.st.versions.release(self.policy)
-
-
-async def _stream(req: ChatRequest, run: _Run, rid: str):
-    writer = ChunkWriter(req, rid, run.policy.version)
-    fmt = tool_format_of(run.st.settings)
-    choices = [ChoiceStream(req, i, run.policy.tokenizer, fmt) for i in range(len(run.rows))]
-    extra = {"engine": run.st.engine_label}
-    if req.return_token_ids:
-        extra["prompt_token_ids"] = run.rows[0].prompt_ids
-    try:
-        yield writer.chunk([c.first() for c in choices], **extra)
-        async for ev in run.events():
-            if not isinstance(ev, FinishEvent):
-                delta = choices[ev.index].on_token(ev)
-                if delta is not None:
-                    yield writer.chunk([delta])
-                continue
-            if ev.finish_reason == "error":
-                yield sse(error_body(OpenAIError(500, f"generation failed: {ev.error}")))
-                break
-            for delta in choices[ev.index].on_finish(ev):
-                yield writer.chunk([delta])
-        if req.stream_options and req.stream_options.include_usage:
-            completion = sum(len(f.token_ids) for f in run.finished)
-            usage = {
-                "prompt_tokens": len(run.rows[0].prompt_ids),
-                "completion_tokens": completion,
-                "total_tokens": len(run.rows[0].prompt_ids) + completion,
-            }
-            yield writer.chunk([], usage=usage)
-        yield sse("[DONE]")
-    finally:
-        run.close()  # also when the client left early: stop generating for it
-
-
-async def _lease(st: ServerState, target: str) -> LoadedPolicy:
-    policy = st.versions.acquire_loaded(target)
-    if policy is not None:
-        return policy
-    try:
-        return await asyncio.to_thread(st.versions.acquire, target)
-    except UnknownVersion:
-        raise OpenAIError(
-            404,
-            f"version {target!r} does not exist in the policy registry",
-            param="model",
-            code="model_not_found",
-        ) from None
-    except VersionUnavailable as exc:
-        raise OpenAIError(404, str(exc), param="model", code="model_not_found") from None
 
 
 def _answer(exc: ArloopError) -> JSONResponse:
@@ -304,10 +192,25 @@ def _install_errors(app: FastAPI) -> None:
         errors = exc.errors()
         if any(e.get("type") == "json_invalid" for e in errors):
             return _answer(OpenAIError(400, "the request body is not valid JSON", param="body"))
+        extra = [e for e in errors if e.get("type") == "extra_forbidden"]
+        if extra:
+            param = error_param(tuple(extra[0].get("loc", ())))
+            message = (
+                f"unsupported parameter: {param}: this server does not implement it (the "
+                "README's OpenAI compatibility table lists what it does)"
+            )
+            return _answer(OpenAIError(400, message, param=param, code="unsupported_parameter"))
         first = max(errors, key=lambda e: len(e.get("loc", ())))  # the deepest: most specific
         param = error_param(tuple(first.get("loc", ())))
         message = f"invalid request: {param}: {first.get('msg', 'invalid value')}"
         return _answer(OpenAIError(400, message, param=param))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        reason = "the request body is not valid JSON" if exc.status_code == 400 else exc.detail
+        error = OpenAIError(exc.status_code, str(reason))
+        headers = {**error.headers(), **(exc.headers or {})}
+        return JSONResponse(error_body(error), status_code=exc.status_code, headers=headers)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:

@@ -2,23 +2,20 @@
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from agents.errors import ArloopError
 from deploy.settings import PolicyServerSettings
 from learner.policy.chat_format import (
-    ChatFormatError,
     ToolFormat,
-    call_stop_pattern,
     parse_tool_calls,
-    prompt_token_ids,
     resolve_tool_format,
 )
-from learner.policy.generation.engine import FinishEvent, SamplingParams
-from learner.policy.registry import CHAMPION
+from learner.policy.generation.engine import FinishEvent
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 
@@ -40,23 +37,59 @@ def error_body(exc: ArloopError) -> dict[str, Any]:
     return {"error": {"message": exc.reason, "type": kind, "param": param, "code": code}}
 
 
-class TextPart(BaseModel):
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorBody(BaseModel):
+    """Every error answer, in OpenAI's shape."""
+
+    error: ErrorDetail
+
+
+_WHY = {
+    400: "A parameter is invalid or not supported (`param` names it).",
+    401: "No API key, or not one of ARLOOP_POLICY_KEYS.",
+    403: "The version was rejected by the eval gate (only the gate's key samples it).",
+    404: "No such model name or version.",
+    413: "The body is over ARLOOP_POLICY_MAX_BODY_BYTES.",
+    429: "The key's completion tokens a minute are spent (Retry-After says when).",
+    500: "Generation failed.",
+    503: "The registry's champion cannot load (the server serves another meanwhile).",
+}
+
+
+def documented(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses` for these error statuses (schemathesis checks the answers)."""
+    return {code: {"model": ErrorBody, "description": _WHY[code]} for code in codes}
+
+
+class _Wire(BaseModel):
+    """A request part: strict, as its JSON schema says (`"true"` is not a boolean)."""
+
+    model_config = ConfigDict(strict=True)
+
+
+class TextPart(_Wire):
     type: Literal["text"]
     text: str
 
 
-class FunctionCall(BaseModel):
+class FunctionCall(_Wire):
     name: str
     arguments: str = "{}"
 
 
-class ToolCall(BaseModel):
+class ToolCall(_Wire):
     id: str | None = None
     type: Literal["function"] = "function"
     function: FunctionCall
 
 
-class Message(BaseModel):
+class Message(_Wire):
     model_config = ConfigDict(extra="ignore")
 
     role: Role
@@ -66,7 +99,7 @@ class Message(BaseModel):
     name: str | None = None
 
 
-class FunctionSpec(BaseModel):
+class FunctionSpec(_Wire):
     model_config = ConfigDict(extra="allow")
 
     name: str = Field(min_length=1, max_length=64)
@@ -74,24 +107,64 @@ class FunctionSpec(BaseModel):
     parameters: dict[str, Any] | None = None
 
 
-class Tool(BaseModel):
+class Tool(_Wire):
     type: Literal["function"]
     function: FunctionSpec
 
 
-class StreamOptions(BaseModel):
+class StreamOptions(_Wire):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
     include_usage: bool = False
 
 
-class ChatRequest(BaseModel):
-    """POST /v1/chat/completions. Unknown OpenAI fields are ignored, as most servers do."""
+class FunctionName(_Wire):
+    name: str = Field(min_length=1, max_length=64)
 
-    model_config = ConfigDict(extra="ignore")
 
-    model: str
+class NamedToolChoice(_Wire):
+    """`{"type": "function", "function": {"name": ...}}`: that function must be called."""
+
+    type: Literal["function"]
+    function: FunctionName
+
+
+class JsonSchemaFormat(_Wire):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    name: str = Field(min_length=1, max_length=64)
+    description: str | None = None
+    json_schema: dict[str, Any] = Field(default_factory=dict, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Wire):
+    """`text`, `json_object` (any JSON object) or `json_schema` (one matching the schema)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
+MAX_DEPTH = 32  # the deepest nesting of a request's JSON (OpenAI's tool schemas need ~10)
+
+
+class ChatRequest(_Wire):
+    """POST /v1/chat/completions. A parameter this server does not implement is a 400 naming it
+    (see the README's compatibility table), never silently ignored. Strict: `"true"` is not a
+    boolean, `"2"` not a number."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    model: str = Field(examples=["arloop", "arloop@candidate", "arloop@v0"])
     messages: list[Message] = Field(min_length=1)
     tools: list[Tool] | None = None
-    tool_choice: Literal["none", "auto"] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True
+    """false: at most one tool call per choice (generation stops after the first)."""
+    response_format: ResponseFormat | None = None
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     max_tokens: int | None = Field(None, ge=1)
@@ -103,7 +176,9 @@ class ChatRequest(BaseModel):
     """OpenAI's: minus this times each token's count so far in the completion, per logit."""
     presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     """OpenAI's: minus this once a token has appeared in the completion, per logit."""
-    seed: int | None = None
+    logit_bias: dict[str, float] | None = None
+    """OpenAI's: token id (a string) -> bias in [-100, 100] added to its logit."""
+    seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
     n: int = Field(1, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
@@ -111,6 +186,14 @@ class ChatRequest(BaseModel):
     stream_options: StreamOptions | None = None
     return_token_ids: bool = False
     """vLLM's extension: `prompt_token_ids` at the top, `token_ids` on each choice."""
+    user: str | None = Field(None, max_length=256)
+    """OpenAI's end-user id (abuse tracking): on the request's debug log line."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _plain_text(cls, data: Any) -> Any:
+        _check_plain(data, "", 0)
+        return data
 
     @field_validator("stop")
     @classmethod
@@ -120,6 +203,18 @@ class ChatRequest(BaseModel):
             raise ValueError("stop takes up to 4 non-empty strings")
         return stops
 
+    @field_validator("logit_bias")
+    @classmethod
+    def _biases(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        for token, bias in (v or {}).items():
+            if not token.isdigit() or len(token) > 9:
+                raise ValueError(f"logit_bias keys are token ids, got {token[:20]!r}")
+            if not -100.0 <= bias <= 100.0:
+                raise ValueError(f"logit_bias values are in [-100, 100], got {bias} for {token}")
+        if v and len(v) > 300:
+            raise ValueError("logit_bias takes at most 300 tokens")
+        return v
+
     def plain_messages(self) -> list[dict[str, Any]]:
         return [m.model_dump(exclude_none=True) for m in self.messages]
 
@@ -127,6 +222,29 @@ class ChatRequest(BaseModel):
         if not self.tools or self.tool_choice == "none":
             return None
         return [t.model_dump(exclude_none=True) for t in self.tools]
+
+
+def _check_plain(value: Any, path: str, depth: int) -> None:
+    """Refuse what no tokenizer or parser downstream takes: lone surrogates, deep nesting."""
+    if depth > MAX_DEPTH:
+        raise OpenAIError(
+            400, f"the request nests deeper than {MAX_DEPTH} levels at {path}", param=path
+        )
+    if isinstance(value, str):
+        if _SURROGATE.search(value):
+            raise OpenAIError(
+                400, f"{path} holds a lone UTF-16 surrogate, which is not text", param=path
+            )
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _check_plain(key, path, depth + 1)
+            _check_plain(item, f"{path}.{key}" if path else str(key), depth + 1)
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            _check_plain(item, f"{path}.{i}", depth + 1)
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def error_param(loc: tuple[Any, ...]) -> str:
@@ -190,12 +308,17 @@ def tool_format_of(settings: PolicyServerSettings) -> ToolFormat:
 
 
 def message_of(
-    finish: FinishEvent, tools: list[dict[str, Any]] | None, tool_format: ToolFormat
+    finish: FinishEvent,
+    tools: list[dict[str, Any]] | None,
+    tool_format: ToolFormat,
+    parallel: bool = True,
 ) -> tuple[dict[str, Any], str]:
-    """(assistant message, finish_reason): tool calls parsed out when the request had tools."""
+    """(assistant message, finish_reason): tool calls parsed out when the request had tools
+    (only the first unless `parallel`)."""
     content, calls = (
         parse_tool_calls(finish.text, tools, tool_format) if tools else (finish.text, [])
     )
+    calls = calls if parallel else calls[:1]
     message: dict[str, Any] = {"role": "assistant", "content": content}
     reason = finish.finish_reason
     if calls:
@@ -218,7 +341,7 @@ def completion_body(
     """The non-streaming response body; `engine` names the numerics behind its logprobs."""
     choices = []
     for f in sorted(finishes, key=lambda f: f.index):
-        message, reason = message_of(f, req.plain_tools(), tool_format)
+        message, reason = message_of(f, req.plain_tools(), tool_format, req.parallel_tool_calls)
         choice: dict[str, Any] = {
             "index": f.index,
             "message": message,
@@ -251,64 +374,3 @@ def completion_body(
     if req.return_token_ids:
         body["prompt_token_ids"] = prompt_ids
     return body
-
-
-def target_of(model: str, served: str) -> str:
-    """The alias or version a model string names: `arloop` -> champion, `arloop@v3` -> v3."""
-    name, _, which = model.partition("@")
-    if name != served or (model.endswith("@") and not which):
-        raise OpenAIError(
-            404,
-            f"model {model!r} does not exist; this server serves {served!r}, "
-            f"'{served}@candidate' and '{served}@v<N>'",
-            param="model",
-            code="model_not_found",
-        )
-    return which or CHAMPION
-
-
-def prepare(
-    req: ChatRequest, tokenizer: Any, context: int, settings: PolicyServerSettings
-) -> tuple[list[int], list[SamplingParams]]:
-    """Prompt token ids and one SamplingParams per sample, or a 400 naming the field.
-
-    `max_tokens` above `max_tokens_cap`, or beyond what the context leaves, is clamped (as
-    vLLM does); unset means "up to the cap".
-    """
-    if req.top_logprobs and not req.logprobs:
-        raise OpenAIError(400, "top_logprobs requires logprobs: true", param="top_logprobs")
-    if req.n > settings.max_n:
-        raise OpenAIError(
-            400,
-            f"n is {req.n}; this server samples at most {settings.max_n} choices per request",
-            param="n",
-        )
-    fmt = tool_format_of(settings)
-    try:
-        prompt_ids = prompt_token_ids(tokenizer, req.plain_messages(), req.plain_tools(), fmt)
-    except ChatFormatError as exc:
-        raise OpenAIError(400, str(exc), param=exc.param) from None
-    room = context - len(prompt_ids)
-    if room < 1:
-        raise OpenAIError(
-            400,
-            f"the prompt is {len(prompt_ids)} tokens; this model's context is {context} tokens "
-            "(prompt plus completion)",
-            param="messages",
-            code="context_length_exceeded",
-        )
-    asked = req.max_completion_tokens or req.max_tokens or settings.max_tokens_cap
-    max_tokens = min(asked, settings.max_tokens_cap, room)
-    sampling = SamplingParams(
-        temperature=req.temperature,
-        top_p=req.top_p,
-        max_tokens=max_tokens,
-        stop=tuple(req.stop),
-        include_stop=req.include_stop_str_in_output,
-        frequency_penalty=req.frequency_penalty,
-        presence_penalty=req.presence_penalty,
-        seed=req.seed,
-        top_logprobs=req.top_logprobs or 0,
-        stop_line=call_stop_pattern(req.plain_tools(), fmt),
-    )
-    return prompt_ids, [sampling] * req.n

@@ -87,6 +87,8 @@ class VersionManager:
         self.on_beat = on_beat
         """Hears (aliases served, digest per loaded version) after every sync: the heartbeat."""
         self._failed: set[str] = set()
+        self._problems: dict[str, str] = {}  # alias -> why the registry's target is not served
+        self.notices: list[str] = []  # what an operator should know (a rewound registry)
         self._in_memory: set[int] = set()  # ids of policies whose weights are held, retired too
         self._lock = threading.RLock()
         self._load_locks: dict[str, threading.Lock] = {}
@@ -105,6 +107,7 @@ class VersionManager:
             if policy is None:
                 raise RuntimeError(f"the base model {self.base_model!r} does not load either")
             self._switch(CHAMPION, BASE_VERSION)
+            self.sync()  # records why the registry's champion is not the one served
         self._beat()
         self._follower.start()
 
@@ -166,6 +169,11 @@ class VersionManager:
         with self._lock:
             return {v: self._digests[v] for v in self._loaded if v in self._digests}
 
+    def problems(self) -> list[str]:
+        """Why the champion served is not the registry's (it cannot load); [] when it is."""
+        with self._lock:
+            return [why for alias, why in self._problems.items() if alias == CHAMPION]
+
     def _beat(self) -> None:
         if self.on_beat is not None:
             self.on_beat(self.serving(), self.digests())
@@ -176,11 +184,39 @@ class VersionManager:
         """Make the served aliases match the registry's, loading new targets first."""
         wanted = self.registry.aliases()
         for alias in ALIASES:
-            target = wanted.get(alias)
-            if target == self._aliases.get(alias):
+            target, current = wanted.get(alias), self._aliases.get(alias)
+            if target == current:
+                self._problems.pop(alias, None)
                 continue
+            if alias == CHAMPION and current and target:
+                self._check_rewind(current, target)
             if target is None or self._ensure_loaded(target, on_demand=False) is not None:
                 self._switch(alias, target)
+                self._problems.pop(alias, None)
+            else:
+                self._problems[alias] = (
+                    f"the registry's {alias} {target} cannot load "
+                    f"({self._error_of(target)}); serving {current or 'nothing'} instead"
+                )
+
+    def _check_rewind(self, current: str, target: str) -> None:
+        """A champion replaced by an older version while the one served left the registry:
+        Redis was rolled back (a restore, a failover to a lagging replica). Said, not hidden."""
+        if _number(target) >= _number(current) or self.registry.exists(current):
+            return
+        notice = (
+            f"the registry was rewound: champion {current} is no longer in it and the champion "
+            f"is now {target} (Redis restored from an older state?); serving {target}. The "
+            "learner reconciles its store at its next round (`arloop policy list`)."
+        )
+        log.error(notice)
+        self.notices = (self.notices + [notice])[-5:]
+
+    def _error_of(self, version: str) -> str:
+        try:
+            return self.registry.get(version).error or "load failed"
+        except (UnknownVersion, redis.RedisError):
+            return "not in the registry"
 
     def _follow(self) -> None:
         """Sync on every registry notice, and every `poll_s` in case a notice was missed."""
@@ -300,3 +336,8 @@ class VersionManager:
             self._in_memory.discard(id(policy))
             self.metrics.loaded_versions.set(len(self._in_memory))
         log.info("freed %s", policy.version)
+
+
+def _number(version: str) -> int:
+    """7 for `v7`; -1 for a name that is not `v<N>`."""
+    return int(version[1:]) if version[:1] == "v" and version[1:].isdigit() else -1

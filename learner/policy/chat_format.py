@@ -215,7 +215,7 @@ def _partial_suffix(text: str, marker: str) -> int:
 def _parse_call(body: str) -> dict[str, Any] | None:
     try:
         obj = json.loads(body.strip())
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):  # a model's text nested past any parser
         return None
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
         return None
@@ -223,7 +223,7 @@ def _parse_call(body: str) -> dict[str, Any] | None:
     if isinstance(args, str):  # some models write the arguments as a JSON string
         try:
             args = json.loads(args)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             return None
     if not isinstance(args, dict):
         return None

@@ -36,3 +36,34 @@ def test_agent_api_conforms_to_its_openapi_schema(start_api, llm, tmp_path):
     report = done.stdout + done.stderr
     assert done.returncode == 0, report[-12000:]
     assert "Operations:       11 selected / 11 total" in report
+
+
+POLICY_CONFIG = """
+[checks.negative_data_rejection]
+expected-statuses = ["400", "401", "403", "404", "405", "406", "413", "415", "5xx"]
+[checks.positive_data_acceptance]
+# a schema-valid request can still be out of the server's bounds (n, max_tokens, a model name)
+expected-statuses = ["2xx", "400", "401", "403", "404"]
+"""
+
+
+def test_policy_server_conforms_to_its_openapi_schema(redis_url, tmp_path):
+    """The same run against the policy server (tiny model, transformers engine, a key)."""
+    from tests.deploy.policy_server.support import running_server, tiny_settings
+
+    key = "schemathesis-key-Hq3vN8sKx2Lm7Pd4Rt9Wb"
+    settings = tiny_settings(redis_url, max_tokens_cap=8, max_n=2, policy_keys=[key])
+    config = tmp_path / "schemathesis.toml"
+    config.write_text(POLICY_CONFIG)
+    with running_server(settings) as base:
+        command = [
+            *(sys.executable, "-m", "schemathesis.cli", "--config-file", str(config), "run"),
+            f"{base.removesuffix('/v1')}/openapi.json",
+            *("--checks", "all", "--max-examples", str(MAX_EXAMPLES), "--seed", "7"),
+            *("--workers", "1", "--request-timeout", "60", "--generation-database", "none"),
+            *("-H", f"Authorization: Bearer {key}", "--no-color", "--max-failures", "20"),
+        ]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=480)
+    report = done.stdout + done.stderr
+    assert done.returncode == 0, report[-12000:]
+    assert "Operations:       5 selected / 5 total" in report

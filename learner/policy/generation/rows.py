@@ -14,9 +14,11 @@ import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
+
+SEED_SPACE = 2**64  # torch.Generator seeds: a seed plus the choice's index wraps within it
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,18 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
     """OpenAI's penalties on the tokens this row has generated so far (see `penalise`)."""
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    """OpenAI's `logit_bias`: (token id, bias added to its logit before choosing)."""
+
+
+class Constraint(Protocol):
+    """What a row's output must match (a JSON schema, a forced tool call): a token mask."""
+
+    def allowed(self, vocab: int) -> torch.Tensor | None:
+        """(vocab,) bool: the tokens that may come next; None: any."""
+
+    def advance(self, token: int) -> bool:
+        """Take the chosen token; True when the output is complete (the row stops there)."""
 
 
 @dataclass
@@ -82,6 +96,7 @@ class Row:
     sent: int = 0  # characters of text already emitted
     finish_reason: str | None = None
     generator: torch.Generator | None = None
+    constraint: Constraint | None = None
 
     def finish(self, reason: str, error: str | None = None) -> None:
         self.finish_reason = reason
@@ -94,7 +109,9 @@ class Row:
     def seed_generator(self, device: torch.device) -> None:
         """Its own random stream: `seed + index` when seeded, so choice i is reproducible."""
         seed = (
-            self.params.seed + self.index if self.params.seed is not None else secrets.randbits(62)
+            (self.params.seed + self.index) % SEED_SPACE
+            if self.params.seed is not None
+            else secrets.randbits(62)
         )
         self.generator = torch.Generator(device=device).manual_seed(seed)
 
@@ -102,10 +119,11 @@ class Row:
 def step(rows: list[Row], logits: torch.Tensor, tokenizer: Any, eos: set[int]) -> torch.Tensor:
     """Sample one token per row, record it with its logprobs, finish rows that are done.
 
-    Penalties shape which token is chosen (greedy or sampled); the logprobs recorded are the
-    model's own, unpenalised, at temperature 1 (what the learner recomputes)."""
+    Penalties, logit biases and constraints shape which token is chosen (greedy or sampled);
+    the logprobs recorded are the model's own, unshaped, at temperature 1 (what the learner
+    recomputes)."""
     logp = torch.log_softmax(logits, dim=-1)  # (B, V) the model's own distribution
-    chosen_from = _penalised(rows, logits)  # (B, V)
+    chosen_from = _constrained(rows, _penalised(rows, logits))  # (B, V)
     tokens = chosen_from.argmax(dim=-1)  # (B,) greedy unless the row samples
     for i, row in enumerate(rows):
         if row.params.temperature > 0:
@@ -119,7 +137,27 @@ def step(rows: list[Row], logits: torch.Tensor, tokenizer: Any, eos: set[int]) -
             n = row.params.top_logprobs
             top = list(zip(top_ids[i, :n].tolist(), top_vals[i, :n].tolist(), strict=True))
         _record(row, token, chosen[i], top, tokenizer, eos)
+        if row.constraint is not None and row.finish_reason is None:
+            if row.constraint.advance(token):
+                row.finish("stop")
     return tokens
+
+
+def _constrained(rows: list[Row], logits: torch.Tensor) -> torch.Tensor:
+    """Each row's logit biases added and the tokens its constraint forbids removed. (B, V)"""
+    todo = [i for i, r in enumerate(rows) if r.constraint is not None or r.params.logit_bias]
+    if not todo:
+        return logits
+    out = logits.clone()
+    vocab = logits.shape[-1]
+    for i in todo:
+        for token, bias in rows[i].params.logit_bias:
+            if token < vocab:
+                out[i, token] += bias
+        mask = rows[i].constraint.allowed(vocab) if rows[i].constraint is not None else None
+        if mask is not None:
+            out[i] = out[i].masked_fill(~mask.to(out.device), float("-inf"))
+    return out
 
 
 def penalise(

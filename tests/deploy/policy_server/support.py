@@ -44,6 +44,7 @@ def tiny_settings(redis_url: str, **overrides) -> PolicyServerSettings:
         "reload_poll_s": 0.5,
         "batch_window_ms": 5.0,
         "max_tokens_cap": 64,
+        "clamp_max_tokens": True,  # the agents' 512 tokens do not fit the tiny model's 512
         "threads": 1,
         "policy_engine": "transformers",
     }

@@ -272,8 +272,13 @@ def test_streamed_tool_calls_arrive_as_tool_call_deltas(oai):
     content = "".join(c.choices[0].delta.content or "" for c in chunks)
     calls = [tc for c in chunks for tc in (c.choices[0].delta.tool_calls or [])]
     assert content == ""  # the call text never leaks as content
-    assert len(calls) == 1 and calls[0].function.name == "calculator" and calls[0].index == 0
-    assert json.loads(calls[0].function.arguments) == {"expression": "12+30"}
+    # OpenAI's shape: id, type and name first with empty arguments, then argument pieces
+    head, pieces = calls[0], calls[1:]
+    assert head.id and head.type == "function" and head.function.name == "calculator"
+    assert head.function.arguments == "" and len(pieces) >= 2  # 24 characters, 16 a piece
+    assert all(p.index == 0 and p.id is None and p.function.name is None for p in pieces)
+    arguments = "".join(p.function.arguments for p in pieces)
+    assert json.loads(arguments) == {"expression": "12+30"}
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
 
 
