@@ -123,7 +123,10 @@ class PolicyTrainer:
             grad_norm = self._optimiser_step()
         finally:
             self._model.eval()
-        metrics = pg_metrics(self._reduce(sums), samples, current_version, self.config.kl_coef > 0)
+        reduced = self._reduce(sums)
+        # each process's loss is its tokens' sum over total / world: their sum is world x the mean
+        reduced["loss"] /= self.accelerator.num_processes
+        metrics = pg_metrics(reduced, samples, current_version, self.config.kl_coef > 0)
         metrics.update(grad_norm=grad_norm, lr=self._lr(), step_time=time.perf_counter() - start)
         return metrics
 
