@@ -29,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import signal
 import threading
 from collections.abc import Callable
 from datetime import timedelta
@@ -188,8 +189,8 @@ class Team:
     def _lose(self, what: str, exc: BaseException) -> PeerLost:
         self.lost = (
             f"a rank of this {self.world}-process launch is gone (during {what!r}: "
-            f"{str(exc).splitlines()[0][:300]}); nothing of this round was committed, its "
-            "events stay trainable: restart the launch"
+            f"{str(exc).splitlines()[0][:300]}); rank 0 publishes nothing more, and every event "
+            "no published version names stays trainable: restart the launch"
         )
         log.error(self.lost)
         self.say(f"[red]arloop learn:[/] {escape(self.lost)}")  # now: the launcher may SIGKILL
@@ -244,6 +245,10 @@ def follow(rank: int, timeout_s: float, print_line: Callable[[str], None]) -> in
         print_line(escape(line))
 
     trainer: PolicyTrainer | None = None
+    # rank 0 decides when the launch stops (it finishes or abandons the round, then says
+    # "stop"); the launcher's SIGTERM and a terminal's Ctrl-C reach every rank at once
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, frame: None)
     say(f"rank {rank}: following rank 0 (it reads Redis, keeps the ledger and publishes)")
     while True:
         try:

@@ -11,8 +11,10 @@ import io
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -20,7 +22,7 @@ import torch
 from rich.console import Console
 from safetensors.torch import load_file
 
-from agents.events import LEARNER_GROUP, STREAM_FEEDBACK, STREAM_TRAJECTORIES
+from agents.events import LEARNER_GROUP, LEARNER_LEASE, STREAM_FEEDBACK, STREAM_TRAJECTORIES
 from deploy.embedded_redis import free_port
 from deploy.learn.runner import Learner
 from deploy.learn.settings import LearnerSettings
@@ -48,9 +50,8 @@ def _env(redis_url: str, data_dir: Path, **extra: str) -> dict[str, str]:
         ARLOOP_COLLECTIVE_TIMEOUT_S="30",
         OMP_NUM_THREADS="1",  # one torch thread per rank (accelerate reads it)
         PYTHONUNBUFFERED="1",
-        **extra,
     )
-    return env
+    return env | extra
 
 
 def _launch(redis_url: str, data_dir: Path, **extra: str) -> subprocess.CompletedProcess:
@@ -202,3 +203,37 @@ def test_kill_9_of_rank_1_mid_round_commits_nothing(step, redis_url, redis_clien
     assert code == 0, said
     assert [v.version for v in registry.versions()] == ["v0", "v1"]
     assert set(_trained_once(tmp_path, ids).values()) == {"v1"}
+
+
+def test_ranks_wait_between_rounds_past_the_collective_timeout(redis_url, redis_client, tmp_path):
+    """A follower waits for rank 0's next command in a collective; rank 0's heartbeat keeps
+    that wait under the 5 s timeout while no round is due (here: 12 s with nothing to learn)."""
+    command = [
+        *(str(ACCELERATE), "launch", "--multi_gpu", "--num_processes", "2"),
+        *("--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"),
+        *("--main_process_port", str(free_port()), "-m", "deploy.cli", "learn"),
+    ]
+    env = _env(redis_url, tmp_path, ARLOOP_COLLECTIVE_TIMEOUT_S="5")
+    with subprocess.Popen(
+        command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    ) as launch:
+        try:
+            deadline = time.monotonic() + 120
+            while not redis_client.exists(LEARNER_LEASE):  # rank 0 is up, rank 1 joined
+                assert launch.poll() is None and time.monotonic() < deadline, "no learner"
+                time.sleep(0.5)
+            time.sleep(12)  # idle: more than twice the collective timeout
+            assert launch.poll() is None, "the launch died while idle"
+            events = _events()
+            for e in events:
+                xadd(redis_client, e)
+            registry = PolicyRegistry(redis_client)
+            while len(registry.versions()) < 2:
+                assert launch.poll() is None and time.monotonic() < deadline, "no round"
+                time.sleep(0.5)
+        finally:
+            launch.send_signal(signal.SIGTERM)
+            output = launch.communicate(timeout=60)[0]
+    assert "rank 1: trained weights" in output, output[-4000:]
+    assert "gone" not in output and "silent past" not in output, output[-4000:]
+    assert set(_trained_once(tmp_path, [e.event_id for e in events]).values()) == {"v1"}
