@@ -79,7 +79,7 @@ def _events(n: int = 4) -> list:
     return out
 
 
-def _learn_here(redis_url: str, data_dir: Path) -> tuple[int, str, Learner]:
+def _learn_here(redis_url: str, data_dir: Path, **extra) -> tuple[int, str, Learner]:
     """One round in this process (one rank, no launcher)."""
     out = io.StringIO()
     settings = LearnerSettings(
@@ -92,6 +92,7 @@ def _learn_here(redis_url: str, data_dir: Path) -> tuple[int, str, Learner]:
         read_block_ms=50,
         train={"learning_rate": LR},
         metrics_port=0,
+        **extra,
     )
     learner = Learner(settings, Console(file=out, width=300))
     code = learner.run(once=True)
@@ -122,8 +123,18 @@ def _adapter(data_dir: Path, version: str) -> dict[str, torch.Tensor]:
     return load_file(data_dir / "checkpoints" / version / "adapter_model.safetensors")
 
 
-def test_two_ranks_train_one_round_as_one_process_would(redis_url, redis_client, tmp_path):
-    events = _events()
+def _corrected() -> list:
+    """One run and its correction: one DPO pair, nothing else to train."""
+    t = trajectory(answer="The answer is 41.", logprobs=True, user="u0")
+    return [t, feedback(t.event_id, "correction", None, text="The answer is 42.", user="u0")]
+
+
+@pytest.mark.parametrize("events", [_events(), _corrected()], ids=["2-per-rank", "1-for-2"])
+def test_two_ranks_train_one_round_as_one_process_would(
+    events, redis_url, redis_client, tmp_path
+):
+    """4 rated runs: each rank trains 2 of the batch's samples by policy gradient; 1 DPO pair:
+    both ranks train it (a rank with nothing could not join the all-reduce): the same mean."""
     ids = [e.event_id for e in events]
     for e in events:
         xadd(redis_client, e)
@@ -156,7 +167,10 @@ def test_two_ranks_train_one_round_as_one_process_would(redis_url, redis_client,
     # the same batch split in two, the gradients averaged: the same loss and gradient norm
     # (a sum instead of a mean would double both), up to the order of the float sums
     one_metrics = registry.get("v1").metrics
-    for name in ("loss", "grad_norm", "num_tokens", "entropy"):
+    names = ["loss", "grad_norm", "num_tokens", "entropy", "dpo/loss", "dpo/grad_norm"]
+    names = [n for n in names if n in one_metrics]
+    assert len(names) >= 2, one_metrics
+    for name in names:
         assert two_metrics[name] == pytest.approx(one_metrics[name], rel=1e-5), name
     # Adam's first step moves each weight by about lr whatever the gradient's scale; the
     # order of the sums moves them by ~1e-6 here (measured 2.2e-6): 0.1 % of a step is far
