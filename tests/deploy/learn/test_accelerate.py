@@ -130,9 +130,7 @@ def _corrected() -> list:
 
 
 @pytest.mark.parametrize("events", [_events(), _corrected()], ids=["2-per-rank", "1-for-2"])
-def test_two_ranks_train_one_round_as_one_process_would(
-    events, redis_url, redis_client, tmp_path
-):
+def test_two_ranks_train_one_round_as_one_process_would(events, redis_url, redis_client, tmp_path):
     """4 rated runs: each rank trains 2 of the batch's samples by policy gradient; 1 DPO pair:
     both ranks train it (a rank with nothing could not join the all-reduce): the same mean."""
     ids = [e.event_id for e in events]
