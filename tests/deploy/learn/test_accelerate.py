@@ -260,3 +260,24 @@ def test_ranks_wait_between_rounds_past_the_collective_timeout(redis_url, redis_
     assert "rank 1: trained weights" in output, output[-4000:]
     assert "gone" not in output and "silent past" not in output, output[-4000:]
     assert set(_trained_once(tmp_path, [e.event_id for e in events]).values()) == {"v1"}
+
+
+def test_verified_subrounds_replay_on_rank_0_and_train_on_both(redis_url, redis_client, tmp_path):
+    """A labelled prompt is replayed through the tutoring pack's tools from rank 0's weights
+    (no collective while it samples) and its groups train on both ranks."""
+    events = []
+    for i in range(4):
+        t = trajectory(answer="#### 42" if i % 2 else "#### 40", logprobs=True, user=f"u{i}")
+        events += [t, feedback(t.event_id, "thumbs", 1 if i % 2 else -1, user=f"u{i}")]
+    for e in events:
+        xadd(redis_client, e)
+    launched = _launch(
+        redis_url, tmp_path, ARLOOP_LABEL_PACKS='["tutoring"]', ARLOOP_POLICY_MAX_TOKENS="16"
+    )
+    output = launched.stdout + launched.stderr
+    assert launched.returncode == 0, output[-6000:]
+    metrics = PolicyRegistry(redis_client).get("v1").metrics
+    assert metrics["labels/replayed"] == 1, metrics
+    digests = dict(re.findall(r"rank (\d): trained weights sha256 ([0-9a-f]{16})", output))
+    assert set(digests) == {"0", "1"} and digests["0"] == digests["1"], output[-4000:]
+    assert set(_trained_once(tmp_path, [e.event_id for e in events]).values()) == {"v1"}
