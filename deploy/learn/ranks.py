@@ -125,6 +125,7 @@ class Team:
         self.lost: str | None = None
         self._lock = threading.Lock()
         self._closed = threading.Event()
+        self._stopped = False
         self._heart = threading.Thread(target=self._beat, name="arloop-heartbeat", daemon=True)
         self._heart.start()
 
@@ -134,6 +135,8 @@ class Team:
         with self._lock:
             if self.lost is not None:
                 raise PeerLost(self.lost)
+            if self._stopped:  # a heartbeat that waited on the lock while "stop" went out
+                return None
             try:
                 _broadcast(command)
                 return then()
@@ -171,10 +174,11 @@ class Team:
         """End the launch: the followers exit, the heartbeat stops."""
         self._closed.set()
         if self.lost is None:
-            try:
-                self.command(("stop",))
+            try:  # flagged under the command's lock: no heartbeat after "stop"
+                self.command(("stop",), lambda: setattr(self, "_stopped", True))
             except PeerLost:
                 return
+            self._heart.join(timeout=self.timeout_s)
             dist.destroy_process_group()
 
     def _beat(self) -> None:
@@ -182,7 +186,7 @@ class Team:
         while not self._closed.wait(every):
             try:
                 self.command(("idle",))
-            except PeerLost as exc:
+            except Exception as exc:  # noqa: BLE001 - a silent heartbeat would time the others out
                 self.on_lost(str(exc))
                 return
 
@@ -273,11 +277,13 @@ def follow(rank: int, timeout_s: float, print_line: Callable[[str], None]) -> in
             elif kind in STEPS and trainer is not None:
                 crash_point(f"rank{rank}_{kind}")  # the kill -9 tests' point
                 getattr(trainer, STEPS[kind])(command[1], **command[2])
-            elif kind == "save" and trainer is not None:
-                digest = weights_digest(trainer)
+            elif kind == "save":
+                digest = "no trainer" if trainer is None else weights_digest(trainer)
                 say(f"rank {rank}: trained weights sha256 {digest[:16]}")
-                dist.all_gather_object([None] * dist.get_world_size(), digest)
-                trainer.save(Path())  # a barrier: rank 0 alone writes
+                digests = [None] * dist.get_world_size()
+                dist.all_gather_object(digests, digest)
+                if trainer is not None and len(set(digests)) == 1:
+                    trainer.save(Path())  # a barrier: rank 0 alone writes
             elif kind == "end":
                 trainer = None
         except Exception as exc:
