@@ -281,3 +281,17 @@ def test_verified_subrounds_replay_on_rank_0_and_train_on_both(redis_url, redis_
     digests = dict(re.findall(r"rank (\d): trained weights sha256 ([0-9a-f]{16})", output))
     assert set(digests) == {"0", "1"} and digests["0"] == digests["1"], output[-4000:]
     assert set(_trained_once(tmp_path, [e.event_id for e in events]).values()) == {"v1"}
+
+
+def test_full_finetuning_under_ddp_keeps_the_ranks_equal(redis_url, redis_client, tmp_path):
+    """Every weight trainable (DDP holds the whole model on each rank; FSDP is not wired up)."""
+    events = _events()
+    for e in events:
+        xadd(redis_client, e)
+    launched = _launch(redis_url, tmp_path, ARLOOP_TRAIN__FULL_FINETUNE="true")
+    output = launched.stdout + launched.stderr
+    assert launched.returncode == 0, output[-6000:]
+    assert PolicyRegistry(redis_client).get("v1").checkpoint_kind == "full"
+    digests = dict(re.findall(r"rank (\d): trained weights sha256 ([0-9a-f]{16})", output))
+    assert set(digests) == {"0", "1"} and digests["0"] == digests["1"], output[-4000:]
+    assert set(_trained_once(tmp_path, [e.event_id for e in events]).values()) == {"v1"}
