@@ -208,8 +208,14 @@ def learn(
     ARLOOP_ROUND__FEEDBACK_WINDOW_S, ARLOOP_ROUND__SILENCE_REWARD, ARLOOP_TRAIN__LEARNING_RATE,
     ARLOOP_TRAIN__FULL_FINETUNE, ARLOOP_EVAL_GATE (on by default: every installed pack with
     an eval suite gates each version; false: straight to champion), ARLOOP_EVAL_PACKS,
-    ARLOOP_GUARDS__*, ARLOOP_CANARY__*, ARLOOP_REPORT_TO, ARLOOP_DATA_DIR, ARLOOP_REDIS_URL; all in deploy/learn/settings.py LearnerSettings, the
-    nested ones in the config models it names). Stops cleanly on Ctrl-C."""
+    ARLOOP_GUARDS__*, ARLOOP_CANARY__*, ARLOOP_REPORT_TO, ARLOOP_DATA_DIR, ARLOOP_REDIS_URL;
+    all in deploy/learn/settings.py LearnerSettings, the nested ones in the config models it
+    names). Stops cleanly on Ctrl-C.
+
+    On several GPUs (or CPU processes), under accelerate (torchrun works too):
+    `accelerate launch --multi_gpu --num_processes 2 -m deploy.cli learn`. Rank 0 reads
+    Redis, keeps the ledger and publishes; every rank trains a shard of each batch (DDP).
+    ARLOOP_COLLECTIVE_TIMEOUT_S bounds how long a rank waits for a silent peer."""
 
     def run() -> int:
         from deploy.learn.runner import main
@@ -451,3 +457,7 @@ def demo(
         closing_visit=closing_visit,
     )
     raise typer.Exit(main(opts, tiny=tiny))
+
+
+if __name__ == "__main__":  # `accelerate launch ... -m deploy.cli learn`
+    app()

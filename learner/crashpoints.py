@@ -4,7 +4,8 @@ Points: after_read (read from Redis, not persisted), after_persist (persisted, n
 during_subround (a verified
 sub-round updated the weights, more to come), during_train (trained, no checkpoint),
 after_checkpoint (checkpoint renamed, ledger not
-committed), after_commit (ledger committed, registry not told). Unset in production.
+committed), after_commit (ledger committed, registry not told); under a multi-process launch,
+rank<k>_pg|kto|dpo (rank k got a batch, before it trains it). Unset in production.
 """
 
 from __future__ import annotations

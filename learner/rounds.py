@@ -71,6 +71,9 @@ class RoundPlan:
     """Per agent name, what its pack lets the learner label and replay (none: feedback only)."""
     sampling: Sampling = field(default_factory=Sampling)
     """How the agents sample (temperature, max tokens): sub-rounds resample alike."""
+    make_trainer: Callable[..., PolicyTrainer] | None = None
+    """How the round's trainer is built (None: `PolicyTrainer` here). Under `accelerate launch`
+    rank 0's runner passes one that starts the round on every rank and broadcasts each batch."""
 
 
 @dataclass(frozen=True)
@@ -139,12 +142,16 @@ def run_round(
     if not data.samples and not data.pairs and not data.judged and not replays.starts:
         store.settle(unusable, UNTRAINABLE)
         return None
-    trainer = PolicyTrainer(
-        model,
-        tokenizer.pad_token_id,
-        plan.train,
+    optimizer_state = _optimizer_state(parent) if plan.train.full_finetune else None
+    make = plan.make_trainer or _local_trainer
+    trainer = make(
+        parent=parent,
+        model=model,
+        pad_id=pad,
+        train=plan.train,
+        model_cache=plan.model_cache,
         adapter_dir=adapter_dir,
-        optimizer_state=_optimizer_state(parent) if plan.train.full_finetune else None,
+        optimizer_state=optimizer_state,
     )
     current = version_number(parent.version)
     stop = _stopper(should_stop)
@@ -266,6 +273,22 @@ def _relog(
             return None
 
     return relog_behaviour(episodes, trained, load, pad_id, plan.round.batch_size)
+
+
+def _local_trainer(
+    *,
+    parent: PolicyVersion,
+    model: torch.nn.Module,
+    pad_id: int,
+    train: TrainConfig,
+    model_cache: Path,
+    adapter_dir: Path | None,
+    optimizer_state: Path | None,
+) -> PolicyTrainer:
+    """The trainer of a one-process learner (`RoundPlan.make_trainer`'s default)."""
+    return PolicyTrainer(
+        model, pad_id, train, adapter_dir=adapter_dir, optimizer_state=optimizer_state
+    )
 
 
 def _optimizer_state(parent: PolicyVersion) -> Path | None:

@@ -67,6 +67,7 @@ class PolicyTrainer:
         self.config = config
         self.pad_id = pad_id
         self.accelerator = Accelerator()
+        self._copies = 1  # how many times `_shard` took each item of the current step
         self._frozen_ref = None
         if config.full_finetune:
             if adapter_dir is not None:
@@ -123,7 +124,11 @@ class PolicyTrainer:
             grad_norm = self._optimiser_step()
         finally:
             self._model.eval()
-        metrics = pg_metrics(self._reduce(sums), samples, current_version, self.config.kl_coef > 0)
+        reduced = self._reduce(sums)
+        # each process's loss is its tokens' sum over total / world: their sum is world x the mean
+        reduced["loss"] /= self.accelerator.num_processes
+        metrics = pg_metrics(reduced, samples, current_version, self.config.kl_coef > 0)
+        metrics["num_tokens"] /= self._copies
         metrics.update(grad_norm=grad_norm, lr=self._lr(), step_time=time.perf_counter() - start)
         return metrics
 
@@ -185,8 +190,8 @@ class PolicyTrainer:
             "kl": float(z0),
             "rewards/chosen": s["chosen"] / good if good else math.nan,
             "rewards/rejected": s["rejected"] / bad if bad else math.nan,
-            "count/desirable": good,
-            "count/undesirable": bad,
+            "count/desirable": good / self._copies,
+            "count/undesirable": bad / self._copies,
             "grad_norm": grad_norm,
             "lr": self._lr(),
         }
@@ -353,12 +358,12 @@ class PolicyTrainer:
         return nullcontext() if last else self.accelerator.no_sync(self._model)
 
     def _shard(self, items: list) -> list:
+        """This process's share of a step's items: `items[rank::world]`. With fewer items than
+        processes every item is taken `copies` times (each rank needs one to join the
+        all-reduce); every mean the step takes is the same, only counts grow `copies` times."""
         world, rank = self.accelerator.num_processes, self.accelerator.process_index
-        if len(items) < world:
-            raise ValueError(
-                f"{len(items)} items cannot feed {world} processes: give each at least one"
-            )
-        return items[rank::world]
+        self._copies = -(-world // len(items)) if items else 1
+        return (items * self._copies)[rank::world]
 
     def _global_sum(self, value: float) -> float:
         return self._reduce({"v": float(value)})["v"]

@@ -1,10 +1,9 @@
 """What keeps the learner's view of the world true: one learner at a time (the lease), the
-registry held against the store (a Redis rewind), a champion that can load, and no process
-of a multi-process launch learning beside rank 0."""
+registry held against the store (a Redis rewind), and a champion that can load. (Under a
+multi-process launch only rank 0 gets here: `deploy/learn/ranks.py`.)"""
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -69,26 +68,3 @@ def champion_problem(registry: PolicyRegistry) -> str | None:
         return checkpoint_problem(registry.get(champion))
     except UnknownVersion:
         return f"the champion alias names {champion}, which is not in the registry"
-
-
-LAUNCHER_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK")
-"""What torchrun and `accelerate launch` set: `Accelerator()` reads it and waits for peers."""
-
-
-def not_rank_zero() -> str | None:
-    """Under torchrun or `accelerate launch` every rank would run the whole learner (doubled
-    ledger rows, a half-written champion): a rank other than 0 is told so and stays out, and
-    rank 0 forgets the launch (its `Accelerator()` would wait for ranks that left)."""
-    rank = os.environ.get("RANK") or os.environ.get("LOCAL_RANK")
-    world = os.environ.get("WORLD_SIZE", "1")
-    if rank is None or not rank.isdigit():
-        return None
-    if int(rank) == 0:
-        for name in LAUNCHER_ENV:
-            os.environ.pop(name, None)
-        return None
-    return (
-        f"rank {rank} of {world} (torchrun / accelerate launch) does not learn: arloop learn "
-        "is one process until multi-process training exists, so rank 0 learns alone. Run "
-        "`arloop learn` without a launcher."
-    )

@@ -8,6 +8,7 @@ abandoned (its episodes stay trainable), so stopping never loses or doubles anyt
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import signal
 import sqlite3
@@ -26,6 +27,7 @@ from deploy.learn import integrity
 from deploy.learn.lease import LearnerLease, LeaseHeld, holder_name
 from deploy.learn.metrics import LearnerTelemetry, serve_metrics
 from deploy.learn.plan import LearnerConfigError, round_plan
+from deploy.learn.ranks import LAUNCH_LINE, PeerLost, Team, follow, join, launch_rank
 from deploy.learn.round_line import summary_line
 from deploy.learn.settings import LearnerSettings
 from deploy.learn.trackers import Trackers, TrackerUnavailable
@@ -41,7 +43,10 @@ log = logging.getLogger("arloop.learner")
 class Learner:
     """The learner's main loop and its state for the status display."""
 
-    def __init__(self, settings: LearnerSettings, console: Console | None = None) -> None:
+    def __init__(
+        self, settings: LearnerSettings, console: Console | None = None, world: int = 1
+    ) -> None:
+        """`world` > 1: rank 0 of a launch, whose other ranks train each round's batches."""
         self.s = settings
         self.console = console or Console()
         self.redis_url = ensure_redis(settings.redis_url, settings.data_dir)
@@ -60,6 +65,11 @@ class Learner:
             count=settings.read_count,
         )
         self.plan = round_plan(settings)
+        self.team = None
+        if world > 1:  # the other ranks wait for our commands from here on
+            timeout = settings.collective_timeout_s
+            self.team = Team(world, timeout, self._lost_peer, self.console.print)
+            self.plan = dataclasses.replace(self.plan, make_trainer=self.team.make_trainer)
         self.telemetry = LearnerTelemetry(self.redis, settings.consumer, settings.status_interval_s)
         self.telemetry.check_champion = self.champion_problem
         self.release = None
@@ -125,6 +135,8 @@ class Learner:
             finally:
                 self.lease.release()
                 self.trackers.close()
+                if self.team is not None:
+                    self.team.close()
 
     def _loop(self, once: bool) -> int:
         with self._display() as live:
@@ -141,11 +153,12 @@ class Learner:
                 if live is not None:
                     self._refresh(live)
         self.console.print("learner stopped")
-        return 0 if not self.lease_lost else 1
+        return 3 if self.peer_lost else 1 if self.lease_lost else 0
 
     # -- one learner at a time, and a registry that went back ------------------------------
 
     lease_lost = False
+    peer_lost = False
 
     def _take_lease(self, wait: bool) -> bool:
         """Hold the lease (waiting for it, or LearnerConfigError when not `wait`)."""
@@ -167,6 +180,11 @@ class Learner:
         self.last_error = f"lost the learner lease: {reason}; stopping, nothing more published"
         self.console.print(f"[red]{self.last_error}[/]")
         log.error(self.last_error)
+        self.stopping.set()
+
+    def _lost_peer(self, reason: str) -> None:
+        self.peer_lost = True  # the team printed why
+        self.last_error = reason
         self.stopping.set()
 
     def _reconcile(self) -> None:
@@ -229,6 +247,8 @@ class Learner:
         except RoundAborted as exc:
             self.console.print(str(exc))
             return False
+        except PeerLost:
+            raise  # the launch is broken: main says so and exits
         except Exception as exc:  # noqa: BLE001 - reported; the episodes stay trainable
             self.telemetry.metrics.rounds.labels("failed").inc()
             self.last_error = f"round failed: {exc}"
@@ -236,6 +256,9 @@ class Learner:
             log.exception("round failed")
             self._retry_at = time.monotonic() + min(self.s.round_interval_s, 60.0)
             return False
+        finally:
+            if self.team is not None:
+                self.team.round_over()
         if result is None:
             self.telemetry.metrics.rounds.labels("none").inc()
             self.console.print("nothing trainable: no round")
@@ -345,15 +368,20 @@ def main(once: bool = False) -> int:
     from learner.policy.registry import BaseModelMismatch
 
     console = Console(soft_wrap=True)  # one line per round, also in a log file
-    refusal = integrity.not_rank_zero()
-    if refusal is not None:  # under torchrun/accelerate: rank 0 learns alone
-        console.print(f"[yellow]arloop learn:[/] {refusal}")
-        return 0
     try:
         settings = LearnerSettings()
         setup_logging("learner", settings.log_level, settings.log_format)
+        rank, world = launch_rank()
+        if world > 1:  # `accelerate launch` / torchrun: rank 0 learns, the others train with it
+            join(settings.collective_timeout_s)
+            if rank > 0:
+                return follow(rank, settings.collective_timeout_s, console.print)
+            console.print(f"rank 0 of {world}: learning, with {world - 1} more training ranks")
+            # the launcher SIGTERMs every rank once one dies: rank 0 stops between steps
+            # (Learner.run's handler) and, outside it, still finishes saying why it stopped
+            signal.signal(signal.SIGTERM, lambda signum, frame: None)
         setup_tracing("learner", settings.otlp_endpoint)  # the gate's eval runs
-        learner = Learner(settings, console)
+        learner = Learner(settings, console, world=world)
         if settings.metrics_port and not once:
             _serve_metrics(learner, settings, console)
         return learner.run(once=once)
@@ -368,6 +396,9 @@ def main(once: bool = False) -> int:
         TrackerUnavailable,
     ) as exc:
         console.print(f"[red]arloop learn:[/] {exc}")
+    except PeerLost as exc:
+        console.print(f"[red]arloop learn: stopped[/]: {escape(str(exc))}; relaunch: {LAUNCH_LINE}")
+        return 3
     return 2
 
 

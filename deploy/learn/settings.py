@@ -91,6 +91,11 @@ class LearnerSettings(ModelSettings, PolicyEndpointSettings):
     none (the learner's /metrics and its round line are always there)."""
     status_interval_s: float = Field(2.0, gt=0.0)
     """How often the stream figures are refreshed (gauges, and the status the dashboard reads)."""
+    collective_timeout_s: float = Field(300.0, ge=5.0)
+    """Under `accelerate launch` (or torchrun): how long a rank waits in a collective (a
+    batch's gradient all-reduce, rank 0's next command) before it gives up on a silent peer
+    and exits; a killed peer is noticed at once. Rank 0 sends a heartbeat every fifth of it,
+    so the other ranks wait between rounds; keep it above the slowest training step."""
 
     # -- release control: eval gate, guards, off-policy estimate, canary --------------------
     eval_gate: bool = True

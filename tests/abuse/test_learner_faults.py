@@ -1,5 +1,5 @@
 """The learner as a failing machine meets it: Redis rolled back to an older append-only file,
-two learners on one Redis, a torchrun launch, a champion whose checkpoint cannot load.
+two learners on one Redis, a torchrun launch (rank 0 alone learns), a champion whose checkpoint cannot load.
 
 Real redis-servers and real learner rounds on the tiny model, on loopback, bounded in time.
 """
@@ -213,9 +213,10 @@ def test_a_stale_learner_is_fenced_out_of_the_registry(redis_url, redis_client, 
         learner.store.close()
 
 
-def test_torchrun_ranks_beyond_zero_stay_out(redis_url, redis_client, tmp_path):
+def test_a_torchrun_launch_learns_once_on_rank_0(redis_url, redis_client, tmp_path):
     """`torchrun --nproc_per_node 2` used to run the whole learner twice: a UNIQUE failure in
-    one, a champion without adapter_config.json from the other. Rank 0 learns alone now."""
+    one, a champion without adapter_config.json from the other. Now rank 0 learns and rank 1
+    trains its shard of each batch (tests/deploy/learn/test_accelerate.py has the rest)."""
     ids = seed(redis_client, 2, "u")
     environ = {k: v for k, v in os.environ.items() if not k.startswith("ARLOOP_")}
     environ |= {
@@ -227,6 +228,8 @@ def test_torchrun_ranks_beyond_zero_stay_out(redis_url, redis_client, tmp_path):
         "ARLOOP_TRAIN__LEARNING_RATE": "0.05",
         "ARLOOP_METRICS_PORT": "0",
         "ARLOOP_EVAL_GATE": "false",
+        "ARLOOP_COLLECTIVE_TIMEOUT_S": "30",
+        "OMP_NUM_THREADS": "1",
     }
     done = subprocess.run(
         [
@@ -241,7 +244,7 @@ def test_torchrun_ranks_beyond_zero_stay_out(redis_url, redis_client, tmp_path):
     )
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-4000:]
-    assert "rank 1 of 2 (torchrun / accelerate launch) does not learn" in output
+    assert "rank 1: following rank 0" in output and "rank 1: trained weights" in output
     assert "UNIQUE constraint" not in output
     registry = PolicyRegistry(redis_client)
     assert registry.aliases()[CHAMPION] == "v1" and len(registry.versions()) == 2
