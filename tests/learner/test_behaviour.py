@@ -86,8 +86,10 @@ def test_a_round_on_llama_served_runs_weights_them_as_the_learner_sees_them(
     if recompute:
         assert metrics["behaviour/engine_gap"] == pytest.approx(OFFSET, abs=1e-5)
         assert metrics["behaviour/recomputed_steps"] == 4
-        # served by v0, trained from v0: nothing is stale, the importance weight is exactly 1
-        assert metrics["is_weight_mean"] == pytest.approx(1.0, abs=1e-5)
+        # served by v0, trained from v0: nothing is stale, the importance weight is 1 up to
+        # fp32 rounding (the relog and the update batch the steps differently: measured up to
+        # 5e-5 apart), far from the offset's exp(-OFFSET)
+        assert metrics["is_weight_mean"] == pytest.approx(1.0, abs=2e-4)
     else:
         assert "behaviour/engine_gap" not in metrics
         # the quantisation offset alone would have down-weighted every token

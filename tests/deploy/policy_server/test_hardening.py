@@ -3,6 +3,7 @@ every bad body a 4xx with a reason (never a 500), API keys, rejected versions fo
 alone, `/healthz` when the champion cannot load, and a rewound registry said."""
 
 import json
+import secrets
 import threading
 import time
 
@@ -245,7 +246,8 @@ def test_token_budget_window_slides():
 def test_production_needs_strong_policy_keys():
     from deploy.settings import PolicyServerSettings
 
-    base = {"_env_file": None, "env": "production", "redis_url": "redis://u:p@redis:6379"}
+    redis_url = f"redis://u:{secrets.token_urlsafe(32)}@redis:6379"  # a production-strong one
+    base = {"_env_file": None, "env": "production", "redis_url": redis_url}
     with pytest.raises(ValueError, match="ARLOOP_POLICY_KEYS is empty"):
         PolicyServerSettings(**base)
     with pytest.raises(ValueError, match="too weak"):
