@@ -115,12 +115,18 @@ def weakness(value: str, min_chars: int, min_bits: int) -> str | None:
     return None
 
 
-def redis_password_weakness(password: str) -> str | None:
-    """Why a production process must not use this Redis password, or None: a development
-    placeholder, or weaker than an API key must be."""
-    if password.startswith(DEVELOPMENT_PREFIX):
+def placeholder(value: str) -> str | None:
+    """Why `value` must not serve in production when it is one of the manifests' development
+    placeholders (`arloop-development-...`), else None."""
+    if value.startswith(DEVELOPMENT_PREFIX):
         return "the development value of the manifests' Secret"
-    return weakness(password, KEY_MIN_CHARS, KEY_MIN_BITS)
+    return None
+
+
+def key_weakness(key: str) -> str | None:
+    """Why a production process must not use this key or Redis password, or None: a
+    development placeholder, or weaker than an API key must be."""
+    return placeholder(key) or weakness(key, KEY_MIN_CHARS, KEY_MIN_BITS)
 
 
 # -- signed user tokens (identity `signed`) -------------------------------------------------

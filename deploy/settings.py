@@ -41,8 +41,9 @@ from deploy.credentials import (
     ApiKey,
     Identity,
     PolicyKey,
+    key_weakness,
+    placeholder,
     plain_key,
-    redis_password_weakness,
     weakness,
 )
 
@@ -125,7 +126,7 @@ class CommonSettings(BaseSettings):
         password = self.redis_password or SecretStr(
             unquote(urlsplit(self.redis_url).password or "")
         )
-        why = redis_password_weakness(password.get_secret_value())
+        why = key_weakness(password.get_secret_value())
         if why:
             raise ValueError(
                 f"the Redis password (ARLOOP_REDIS_PASSWORD, else ARLOOP_REDIS_URL's) is too weak "
@@ -190,7 +191,8 @@ class PolicyEndpointSettings(CommonSettings):
     """Any litellm model string; `openai/<name>` for an OpenAI-compatible endpoint."""
     policy_api_key: str = "none"
     """API key sent to the policy endpoint (arloop's policy server checks it against its
-    `ARLOOP_POLICY_KEYS` when that is set; the learner's must be the gate's key there)."""
+    `ARLOOP_POLICY_KEYS` when that is set; the learner's must be the gate's key there).
+    Production refuses the manifests' development placeholder (`arloop-development-...`)."""
     policy_timeout_s: float = Field(60.0, gt=0.0)
     """Seconds one model call may take before it fails (504 on the agent API)."""
     policy_temperature: float | None = None
@@ -202,6 +204,16 @@ class PolicyEndpointSettings(CommonSettings):
     """What the policy endpoint supports: `arloop` (our policy server: versions, token ids,
     logprobs), `vllm` (token ids, logprobs), `other` (any other provider: plain requests, runs
     not trainable), or `auto`: `openai/arloop` is ours, `hosted_vllm/...` vLLM, else other."""
+
+    @model_validator(mode="after")
+    def _no_placeholder_policy_key_in_production(self) -> PolicyEndpointSettings:
+        why = placeholder(self.policy_api_key) if self.env == "production" else None
+        if why:
+            raise ValueError(
+                f"ARLOOP_POLICY_API_KEY is {why}: replace it with this process's key in the "
+                f"policy server's ARLOOP_POLICY_KEYS, a random one, e.g. `{HOW_TO_MAKE_ONE}`"
+            )
+        return self
 
     def policy_config(self) -> PolicyConfig:
         """The policy client's configuration: this endpoint, called as this process calls it."""
@@ -438,7 +450,7 @@ class PolicyServerSettings(ModelSettings):
                 f"needs its own key, e.g. `{HOW_TO_MAKE_ONE}`"
             )
         for k in self.policy_keys:
-            why = weakness(k.key.get_secret_value(), KEY_MIN_CHARS, KEY_MIN_BITS)
+            why = key_weakness(k.key.get_secret_value())
             if why:
                 raise ValueError(
                     f"policy key {k.name!r} is too weak for production ({why}): replace it in "

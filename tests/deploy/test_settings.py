@@ -128,6 +128,10 @@ PRODUCTION = {
         ({"api_keys": ["dev-key"]}, "development key"),
         ({"api_keys": ["ab" * 16]}, "bits of entropy, fewer than 96"),
         (
+            {"policy_api_key": "arloop-development-policy-key-agents"},
+            "ARLOOP_POLICY_API_KEY is the development value",
+        ),
+        (
             {"api_keys": [{"key": STRONG_KEY, "name": "web", "identity": "signed"}]},
             "ARLOOP_USER_TOKEN_SECRET is unset",
         ),
@@ -157,6 +161,12 @@ def test_production_accepts_strong_values_and_warns_on_every_interface(clean_env
         _env_file=None, redis_url="redis://10.0.0.5:6379/0", redis_password=STRONG_SECRET
     )
     assert learner.redis_options(learner.redis_url)["password"] == STRONG_SECRET
+    clean_env.setenv("ARLOOP_REDIS_PASSWORD", STRONG_SECRET)
+    placeholder = "arloop-development-policy-key-learner"  # the manifests' Secret's value
+    with pytest.raises(ValidationError, match="ARLOOP_POLICY_API_KEY is the development value"):
+        LearnerSettings(_env_file=None, redis_url=learner.redis_url, policy_api_key=placeholder)
+    clean_env.setenv("ARLOOP_ENV", "development")
+    assert LearnerSettings(_env_file=None, policy_api_key=placeholder).policy_api_key == placeholder
 
 
 def test_development_keeps_working_out_of_the_box(clean_env):

@@ -79,6 +79,14 @@ def _strong_secrets() -> dict[str, str]:
     }
     for user in ("agents", "learner", "policy", "vllm-sync"):
         values[f"redis-{user}"] = secrets.token_urlsafe(32)
+    for client in ("agents", "learner"):
+        values[f"policy-key-{client}"] = secrets.token_urlsafe(32)
+    values["ARLOOP_POLICY_KEYS"] = json.dumps(
+        [
+            {"key": values["policy-key-agents"], "name": "agents"},
+            {"key": values["policy-key-learner"], "name": "learner", "gate": True},
+        ]
+    )
     return values
 
 
@@ -140,6 +148,7 @@ def test_the_agent_api_gets_its_secrets_from_files_through_the_entrypoint(
     values = _strong_secrets()
     assert sorted(_secret_targets(service)) == [
         "ARLOOP_API_KEYS",
+        "ARLOOP_POLICY_API_KEY",
         "ARLOOP_REDIS_PASSWORD",
         "ARLOOP_SECRET_KEY",
     ]
@@ -154,6 +163,35 @@ def test_the_agent_api_gets_its_secrets_from_files_through_the_entrypoint(
     assert settings.secret_key == values["ARLOOP_SECRET_KEY"]
     keys = [k.key.get_secret_value() for k in settings.api_keys]
     assert keys == json.loads(values["ARLOOP_API_KEYS"])
+    assert settings.policy_api_key == values["policy-key-agents"]
+
+
+def test_the_learner_calls_the_policy_server_with_the_gate_key_and_the_agents_with_theirs(
+    compose, monkeypatch, tmp_path
+):
+    values = _strong_secrets()
+    settings = {}
+    for name in ARLOOP_SERVICES:
+        service = compose["services"][name]
+        seen = _environment_seen(service, values, tmp_path / name)
+        settings[name] = build_settings(settings_class(service["command"]), seen, monkeypatch)
+    served = {k.key.get_secret_value(): k for k in settings["policy"].policy_keys}
+    assert len(served) == 2 and [k.name for k in served.values() if k.gate] == ["learner"]
+    assert served[settings["learner"].policy_api_key].gate is True
+    assert served[settings["agents"].policy_api_key].gate is False
+    for name in ("agents", "learner"):
+        key = settings[name].policy_config().api_key  # what its policy client sends
+        assert key == values[f"policy-key-{name}"] and key in served, name
+
+
+def test_the_policy_server_refuses_to_start_without_its_keys(compose, monkeypatch, tmp_path):
+    service = compose["services"]["policy"]
+    cls = settings_class(service["command"])
+    assert "ARLOOP_POLICY_KEYS" in _secret_targets(service)
+    seen = _environment_seen(service, _strong_secrets(), tmp_path / "policy")
+    seen.pop("ARLOOP_POLICY_KEYS")  # the secret file was not written
+    with pytest.raises(ValidationError, match="ARLOOP_POLICY_KEYS is empty"):
+        build_settings(cls, seen, monkeypatch)
 
 
 class _Health(BaseHTTPRequestHandler):

@@ -47,6 +47,7 @@ EXPECTED = {
     ("PodDisruptionBudget", "arloop-agent-api"),
     ("Secret", "arloop-secrets"),
     ("Secret", "arloop-redis-users"),
+    ("Secret", "arloop-policy-keys"),
     ("PersistentVolumeClaim", "arloop-data"),
 }
 
@@ -95,6 +96,14 @@ def _with_real_secrets(docs: list[dict]) -> list[dict]:
     users = objects["Secret", "arloop-redis-users"]["stringData"]
     for user in users:
         users[user] = secrets.token_urlsafe(32)
+    keys = {client: secrets.token_urlsafe(32) for client in ("agents", "learner")}
+    served = [
+        {"key": keys["agents"], "name": "agents"},
+        {"key": keys["learner"], "name": "learner", "gate": True},
+    ]
+    objects["Secret", "arloop-policy-keys"]["stringData"] = keys | {
+        "ARLOOP_POLICY_KEYS": json.dumps(served)
+    }
     return docs
 
 
@@ -118,6 +127,27 @@ def test_each_process_gets_only_variables_it_reads_and_its_settings_accept_them(
     assert seen == set(PORTS)
 
 
+def test_the_learner_calls_the_policy_server_with_the_gate_key_and_the_agents_with_theirs(
+    overlay, monkeypatch
+):
+    name, docs = overlay
+    if name == "gpu":
+        docs = _with_real_secrets(docs)
+    settings = {
+        c["args"][-1]: build_settings(
+            settings_class(c["args"]), container_env(docs, c), monkeypatch
+        )
+        for _, c in arloop_containers(docs)
+    }
+    served = {k.key.get_secret_value(): k for k in settings["policy"].policy_keys}
+    assert len(served) == 2 and [k.name for k in served.values() if k.gate] == ["learner"]
+    assert served[settings["learn"].policy_api_key].gate is True, name
+    assert served[settings["agents"].policy_api_key].gate is False, name
+    stored = by_id(docs)["Secret", "arloop-policy-keys"]["stringData"]
+    assert settings["learn"].policy_config().api_key == stored["learner"]
+    assert settings["agents"].policy_config().api_key == stored["agents"]
+
+
 def test_each_process_has_its_own_redis_user():
     docs = render(K8S / "overlays" / "gpu")
     users = [container_env(docs, c)["ARLOOP_REDIS_USERNAME"] for _, c in arloop_containers(docs)]
@@ -135,9 +165,22 @@ def test_production_refuses_the_placeholder_secrets_until_they_are_replaced(monk
         assert env["ARLOOP_ENV"] == "production"
         with pytest.raises(ValidationError, match="Redis password .*development value"):
             build_settings(settings_class(container["args"]), env, monkeypatch)
+    by_id(docs)["Secret", "arloop-redis-users"].update(real["Secret", "arloop-redis-users"])
+    others = _with_real_secrets(docs)  # all but the policy keys replaced
+    placeholders = by_id(docs)["Secret", "arloop-policy-keys"]["stringData"]
+    by_id(others)["Secret", "arloop-policy-keys"]["stringData"] = dict(placeholders)
+    refusals = {
+        "policy": "policy key 'agents' is too weak .*development value",
+        "agents": "ARLOOP_POLICY_API_KEY is the development value",
+        "learn": "ARLOOP_POLICY_API_KEY is the development value",
+    }
+    for _, container in arloop_containers(others):
+        env = container_env(others, container)
+        with pytest.raises(ValidationError, match=refusals[container["args"][-1]]):
+            build_settings(settings_class(container["args"]), env, monkeypatch)
+    by_id(docs)["Secret", "arloop-policy-keys"].update(real["Secret", "arloop-policy-keys"])
     (container,) = [c for _, c in arloop_containers(docs) if c["args"][-1] == "agents"]
     secret = by_id(docs)["Secret", "arloop-secrets"]["stringData"]
-    by_id(docs)["Secret", "arloop-redis-users"].update(real["Secret", "arloop-redis-users"])
     with pytest.raises(ValidationError, match="ARLOOP_SECRET_KEY"):
         build_settings(AgentApiSettings, container_env(docs, container), monkeypatch)
     secret["ARLOOP_SECRET_KEY"] = "f" * 64  # long, but no entropy
