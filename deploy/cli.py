@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from pathlib import Path
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
@@ -36,24 +35,13 @@ packs_app = typer.Typer(
 app.add_typer(packs_app, name="packs")
 
 
-# -- errors as one line each, missing extras, --version, --host/--port (issue 17) -----------
-LEARN_MODULES = frozenset(
-    {"torch", "transformers", "safetensors", "peft", "accelerate", "gguf", "matplotlib"}
-    | {"datasets", "pyarrow"}
+from deploy.cli_guard import (  # noqa: E402 - after the environment defaults above
+    HOST_HELP,
+    PORT_HELP,
+    _version,
+    guarded,
+    listen_on,
 )
-"""Top-level modules only the `learn` extra installs (numpy and tokenizers come with `serve`
-too, through presidio and litellm): a command that needs one says so."""
-
-
-def _version(show: bool) -> None:
-    if show:
-        from importlib.metadata import PackageNotFoundError, version
-
-        try:
-            typer.echo(f"arloop {version('arloop')}")
-        except PackageNotFoundError:  # run from a checkout that was never installed
-            typer.echo("arloop (not installed: run from a source checkout)")
-        raise typer.Exit()
 
 
 @app.callback()
@@ -67,60 +55,6 @@ def _main(
 
 class Refused(Exception):
     """A process refused to start; the message says why and what to do."""
-
-
-def guarded(command: str, run: Callable[[], object], settings: str, *refused: type[Exception]):
-    """Run a command; a bad ARLOOP_* setting (one line per variable), a missing extra or a
-    `refused` error is a message and exit 2, never a traceback. `settings`: which class the
-    command reads (`agents`, `policy`, `learner`, `vllm-sync`), for the examples of the messages."""
-    from pydantic import ValidationError
-    from pydantic_settings import SettingsError
-
-    try:
-        return run()
-    except (ValidationError, SettingsError) as exc:
-        for line in explain_settings(exc, settings):
-            typer.echo(f"arloop {command}: {line}", err=True)
-    except ModuleNotFoundError as exc:
-        if (exc.name or "").partition(".")[0] not in LEARN_MODULES:
-            raise
-        typer.echo(
-            f"arloop {command} needs the learner's dependencies ({exc.name} is not installed): "
-            "pip install 'arloop[learn]'",
-            err=True,
-        )
-    except refused as exc:
-        typer.echo(f"arloop {command}: {exc}", err=True)
-    raise typer.Exit(2)
-
-
-def explain_settings(exc: Exception, settings: str) -> list[str]:
-    """The settings error as one line per variable (deploy/settings_errors.py)."""
-    from deploy import settings as serving
-    from deploy.settings_errors import explain
-
-    if settings == "learner":
-        from deploy.learn.settings import LearnerSettings as cls
-    elif settings == "vllm-sync":
-        from deploy.vllm_sync.settings import VllmSyncSettings as cls
-    else:
-        cls = {"agents": serving.AgentApiSettings, "policy": serving.PolicyServerSettings}[settings]
-    return explain(exc, cls)  # type: ignore[arg-type]
-
-
-def listen_on(process: str, host: str | None, port: int | None) -> None:
-    """`--host/--port` win over ARLOOP_<PROCESS>_HOST/_PORT (the settings read those)."""
-    if host is not None:
-        os.environ[f"ARLOOP_{process}_HOST"] = host
-    if port is not None:
-        os.environ[f"ARLOOP_{process}_PORT"] = str(port)
-
-
-HOST_HELP = "Interface to listen on (default: ARLOOP_{0}_HOST, else ARLOOP_HOST, else 127.0.0.1)."
-PORT_HELP = "Port to listen on (default: ARLOOP_{0}_PORT, else ARLOOP_PORT, else {1})."
-
-
-# -- end errors, extras, version, flags ------------------------------------------------------
 
 
 @serve_app.command("agents")
@@ -156,7 +90,7 @@ def serve_policy(
     """Serve the policy over an OpenAI-compatible API (ARLOOP_BASE_MODEL, ARLOOP_MODEL_CACHE,
     ARLOOP_POLICY_HOST, ARLOOP_POLICY_PORT, ARLOOP_TOOL_FORMAT, ARLOOP_POLICY_ENGINE (llamacpp
     where installed, else transformers), ARLOOP_LLAMACPP_QUANT, ARLOOP_LLAMACPP_THREADS,
-    ARLOOP_REDIS_URL; all in deploy/settings.py PolicyServerSettings); follows the registry's
+    ARLOOP_REDIS_URL; all in deploy/policy_server/settings.py PolicyServerSettings); follows the registry's
     champion and hot-reloads new versions. Needs `arloop[learn]` (torch)."""
     from learner.policy.registry import BaseModelMismatch
 

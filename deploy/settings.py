@@ -40,7 +40,6 @@ from deploy.credentials import (
     SECRET_MIN_CHARS,
     ApiKey,
     Identity,
-    PolicyKey,
     key_weakness,
     placeholder,
     plain_key,
@@ -360,100 +359,3 @@ class AgentApiSettings(PolicyEndpointSettings):
         if why:
             out.append(f"ARLOOP_USER_TOKEN_SECRET is too weak ({why}): `{HOW_TO_MAKE_ONE}`")
         return out
-
-
-class PolicyServerSettings(ModelSettings):
-    """`arloop serve policy`: the embedded OpenAI-compatible policy server."""
-
-    host: str = Field("127.0.0.1", validation_alias=process_var("policy", "host"))
-    """Interface the policy server listens on: `ARLOOP_POLICY_HOST` (else `ARLOOP_HOST`), or
-    `arloop serve policy --host`."""
-    port: int = Field(8001, ge=0, le=65535, validation_alias=process_var("policy", "port"))
-    """Port the policy server listens on: `ARLOOP_POLICY_PORT` (else `ARLOOP_PORT`), or
-    `arloop serve policy --port`."""
-    served_name: str = "arloop"
-    """The model name clients use: `arloop`, `arloop@champion`, `arloop@v3`."""
-    max_tokens_cap: int = 1024
-    """Most completion tokens one choice may ask for (`max_tokens` above: 400, as OpenAI)."""
-    clamp_max_tokens: bool = False
-    """`max_tokens` over the cap or over what the context leaves is cut to fit instead of
-    refused (a client that cannot know the context: tests of agents on the tiny model)."""
-    max_batch_size: int = 8
-    """Most sequences in one batched forward pass."""
-    batch_window_ms: float = 5.0
-    """How long the batcher waits for more requests before a forward pass."""
-    reload_poll_s: float = 5.0
-    """Registry check interval, besides pub/sub notifications."""
-    device: str = "cpu"
-    """torch device the models run on (`cpu`, `cuda`, `cuda:1`)."""
-    threads: int | None = None
-    """torch threads; unset keeps torch's default."""
-    max_loaded_versions: int = Field(4, ge=1)
-    """Versions held in memory at once (aliases always stay; `@vN` loads evict the oldest)."""
-    max_n: int = Field(16, ge=1)
-    """Most choices (`n`) one request may ask for."""
-    context_length: int | None = None
-    """Prompt plus completion tokens; unset uses the model's `max_position_embeddings`
-    (transformers) or 4096 (llama.cpp, whose KV is reserved up front for every sequence)."""
-    prefix_cache: int = Field(8, ge=0)
-    """Shared prompt heads (system prompt, worked example) whose KV is kept for reuse; 0: off
-    (transformers engine; llama.cpp's sequences keep their last prompt's KV instead)."""
-    prefix_cache_alone: bool = True
-    """A request alone also caches its head before its last user turn (one user at a time:
-    the agent's next call and next run reuse it); false: only rows that arrive together."""
-    policy_engine: Literal["auto", "llamacpp", "transformers"] = "auto"
-    """What decodes: `llamacpp` (each version exported to GGUF and run by llama.cpp, about 8x
-    the tokens/s on a CPU; needs `pip install 'arloop[llamacpp]'`), or `transformers` (torch,
-    fp32: logprobs exactly the learner's, any device). `auto`: llama.cpp where it is installed,
-    the device is the CPU and the model is a Llama-architecture one, else transformers (the
-    log says why)."""
-    llamacpp_threads: int | None = Field(None, ge=1)
-    """CPU threads llama.cpp decodes with; unset: half the cores (1 on 2 cores, at most 8).
-    Its threads wait for each other by spinning: with more threads than free cores (the agent
-    API and the learner share them) decoding collapses (measured: 2 threads on a busy 2-core
-    machine 0.8 tokens/s, 1 thread 39)."""
-    llamacpp_quant: Literal["f16", "q8_0", "f32"] = "f16"
-    """Weights of the llama.cpp export. Measured on SmolLM2-135M (README "Figures"): `f16`
-    serves the learner's greedy outputs (7-8 of 8 prompts) with |served - learner's fp32|
-    logprob 0.0015 a token; `q8_0` is 1.15-1.4x faster but changes most greedy outputs (1 of 8
-    kept) with a gap of 0.04 (the learner then recomputes its behaviour logprobs); `f32` is
-    the slowest."""
-    policy_keys: list[PolicyKey] = Field(default_factory=list)
-    """Client credentials of the policy server, a JSON list: a bare key string, or
-    `{"key": "...", "name": "learner", "gate": true}` for the eval gate's key (the only one that
-    may sample a rejected version). Empty: no key needed (development; production refuses it).
-    Clients send theirs as `ARLOOP_POLICY_API_KEY`."""
-    policy_max_body_bytes: int = Field(1024 * 1024, ge=1024)
-    """Request bodies above this size are refused with 413 before they are read or tokenised."""
-    max_request_tokens: int = Field(16384, ge=1)
-    """Most completion tokens one request may ask for, its choices together (`n` x
-    `max_tokens`, 400 above); a request without `max_tokens` gets its share per choice."""
-    key_tokens_per_minute: int | None = Field(None, ge=1)
-    """Completion tokens (`n` x `max_tokens`, reserved as a request starts) one policy key may
-    ask for a minute, 429 with Retry-After above; without keys, all callers together. Unset:
-    no limit."""
-
-    @field_validator("policy_keys", mode="before")
-    @classmethod
-    def _bare_policy_keys(cls, value: Any) -> Any:
-        if isinstance(value, list):
-            return [plain_key(v) if isinstance(v, str) else v for v in value]
-        return value
-
-    @model_validator(mode="after")
-    def _keys_in_production(self) -> PolicyServerSettings:
-        if self.env != "production":
-            return self
-        if not self.policy_keys:
-            raise ValueError(
-                "ARLOOP_POLICY_KEYS is empty: in production every client of the policy server "
-                f"needs its own key, e.g. `{HOW_TO_MAKE_ONE}`"
-            )
-        for k in self.policy_keys:
-            why = key_weakness(k.key.get_secret_value())
-            if why:
-                raise ValueError(
-                    f"policy key {k.name!r} is too weak for production ({why}): replace it in "
-                    f"ARLOOP_POLICY_KEYS with a random one, e.g. `{HOW_TO_MAKE_ONE}`"
-                )
-        return self

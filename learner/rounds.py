@@ -38,6 +38,7 @@ from learner.policy.registry import (
 )
 from learner.publish import Published, publish_version
 from learner.rewards import EpisodeReward, batch_rewards, keep_turns
+from learner.round_metrics import round_metrics
 from learner.samples import (
     TrainingData,
     build_training_data,
@@ -45,7 +46,7 @@ from learner.samples import (
     reads_tool_output,
 )
 from learner.store import Store, even_chunks
-from learner.subrounds import Replays, Sampling, SubroundResult, plan_replays, run_subrounds
+from learner.subrounds import Replays, Sampling, plan_replays, run_subrounds
 from learner.train_step import PolicyTrainer
 
 log = logging.getLogger(__name__)
@@ -178,7 +179,15 @@ def run_round(
     if not pg and not kto and not sub.updates and not dpo:  # every group tied: nothing to learn
         store.settle([i for e in episodes for i in e.event_ids], UNTRAINABLE)
         return None
-    metrics = _round_metrics(pg + sub.updates, dpo, kto, data, sub, gap)
+    counts = {
+        "skipped_steps": data.skipped_steps,
+        "skipped_corrections": data.skipped_corrections,
+        "replaced_answers": data.replaced_answers,
+        "reward_sources/feedback": len(data.samples),
+        "reward_sources/kto_judged": len(data.judged),
+        "reward_sources/correction_pairs": len(data.pairs),
+    }
+    metrics = round_metrics(pg + sub.updates, dpo, kto, counts, sub.metrics, gap.metrics())
     metrics[f"untrainable/{NO_TOKEN_IDS}"] = float(blind + blind_silent)
     if judge is not None:
         metrics.update(judge.metrics(len(scored)))
@@ -412,40 +421,3 @@ def _epochs(
             stop()
             say(f"round: {what} update {epoch * len(chunks) + n}/{total} ({len(chunk)} samples)")
             yield chunk
-
-
-def _round_metrics(
-    pg: list[dict[str, float]],
-    dpo: list[dict[str, float]],
-    kto: list[dict[str, float]],
-    data: TrainingData,
-    sub: SubroundResult,
-    gap: BehaviourGap,
-) -> dict[str, float]:
-    """The updates' mean metrics, what each reward source gave, the sub-rounds' figures, and
-    the behaviour logprobs recomputed (`learner.behaviour`)."""
-    metrics = _mean_metrics(pg)
-    metrics.update({f"dpo/{k}": v for k, v in _mean_metrics(dpo).items()})
-    metrics.update({f"kto/{k}": v for k, v in _mean_metrics(kto).items()})
-    metrics.update(
-        skipped_steps=float(data.skipped_steps),
-        updates=float(len(pg) + len(dpo) + len(kto)),
-        skipped_corrections=float(data.skipped_corrections),
-        replaced_answers=float(data.replaced_answers),
-    )
-    metrics["reward_sources/feedback"] = float(len(data.samples))
-    metrics["reward_sources/kto_judged"] = float(len(data.judged))
-    metrics["reward_sources/correction_pairs"] = float(len(data.pairs))
-    metrics.update(sub.metrics)
-    metrics.update(gap.metrics())
-    return {k: v for k, v in metrics.items() if math.isfinite(v)}  # NaN: undefined this round
-
-
-def _mean_metrics(runs: list[dict[str, float]]) -> dict[str, float]:
-    """Each metric's mean over the updates of a round (NaN-free where possible)."""
-    keys = {k for m in runs for k in m}
-    out = {}
-    for k in sorted(keys):
-        values = [m[k] for m in runs if k in m and not math.isnan(m[k])]
-        out[k] = sum(values) / len(values) if values else math.nan
-    return out

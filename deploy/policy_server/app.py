@@ -37,8 +37,8 @@ from deploy.policy_server.openai_wire import (
     error_param,
     tool_format_of,
 )
+from deploy.policy_server.settings import PolicyServerSettings
 from deploy.policy_server.versions import Loader, VersionManager
-from deploy.settings import PolicyServerSettings
 from learner.policy.registry import PolicyRegistry, VersionStatus
 
 log = logging.getLogger(__name__)

@@ -26,9 +26,9 @@ from deploy.policy_server.openai_wire import (
     tool_format_of,
 )
 from deploy.policy_server.prepare import Prepared, prepare, target_of
+from deploy.policy_server.settings import PolicyServerSettings
 from deploy.policy_server.stream import ChoiceStream, ChunkWriter, sse
 from deploy.policy_server.versions import ALIASES, LoadedPolicy, VersionManager, VersionUnavailable
-from deploy.settings import PolicyServerSettings
 from learner.policy.generation.engine import FinishEvent, GenerationEngine, Row
 from learner.policy.registry import UnknownVersion, VersionStatus
 

@@ -8,7 +8,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from deploy.settings import PolicyServerSettings
+from deploy.policy_server.settings import PolicyServerSettings
 from learner.policy.generation.engine import GenerationEngine
 
 log = logging.getLogger(__name__)

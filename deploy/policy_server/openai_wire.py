@@ -9,7 +9,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from agents.errors import ArloopError
-from deploy.settings import PolicyServerSettings
+from deploy.policy_server.settings import PolicyServerSettings
 from learner.policy.chat_format import (
     ToolFormat,
     parse_tool_calls,

@@ -7,7 +7,7 @@ from typing import Any
 
 from deploy.policy_server.constraints import constraint_factory
 from deploy.policy_server.openai_wire import ChatRequest, OpenAIError, tool_format_of
-from deploy.settings import PolicyServerSettings
+from deploy.policy_server.settings import PolicyServerSettings
 from learner.policy.chat_format import ChatFormatError, call_stop_pattern, prompt_token_ids
 from learner.policy.generation.engine import SamplingParams
 from learner.policy.registry import CHAMPION

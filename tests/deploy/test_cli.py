@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from deploy.cli import LEARN_MODULES, app
+from deploy.cli import app
+from deploy.cli_guard import LEARN_MODULES
 from learner.policy.registry import PolicyRegistry
 from tests.learner.gate.release_support import add_version
 

@@ -8,7 +8,8 @@ import pytest
 from pydantic import BaseModel, ValidationError
 
 from deploy.learn.settings import RENAMED, LearnerSettings
-from deploy.settings import DEV_SECRET, AgentApiSettings, PolicyServerSettings
+from deploy.policy_server.settings import PolicyServerSettings
+from deploy.settings import DEV_SECRET, AgentApiSettings
 from deploy.vllm_sync.settings import VllmSyncSettings
 
 PROCESSES = [AgentApiSettings, PolicyServerSettings, LearnerSettings, VllmSyncSettings]

@@ -9,7 +9,8 @@ from pydantic import ValidationError
 from pydantic_settings import SettingsError
 
 from deploy.learn.settings import LearnerSettings
-from deploy.settings import AgentApiSettings, PolicyServerSettings
+from deploy.policy_server.settings import PolicyServerSettings
+from deploy.settings import AgentApiSettings
 from deploy.settings_errors import explain
 
 

@@ -12,7 +12,8 @@ from pydantic import BaseModel
 from pydantic_settings import BaseSettings
 
 from deploy.learn.settings import LearnerSettings
-from deploy.settings import PREFIX, AgentApiSettings, PolicyServerSettings
+from deploy.policy_server.settings import PolicyServerSettings
+from deploy.settings import PREFIX, AgentApiSettings
 
 ROOT = Path(__file__).resolve().parents[3]
 MANIFESTS = ROOT / "deploy" / "manifests"

@@ -14,7 +14,8 @@ import pytest
 from pydantic import ValidationError
 
 from deploy.learn.settings import LearnerSettings
-from deploy.settings import AgentApiSettings, PolicyServerSettings
+from deploy.policy_server.settings import PolicyServerSettings
+from deploy.settings import AgentApiSettings
 from tests.deploy.manifests.kustomize import render
 from tests.deploy.manifests.support import (
     K8S,

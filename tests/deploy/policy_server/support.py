@@ -15,7 +15,7 @@ import uvicorn
 
 from deploy.embedded_redis import free_port
 from deploy.policy_server.app import create_app
-from deploy.settings import PolicyServerSettings
+from deploy.policy_server.settings import PolicyServerSettings
 from learner.policy.models import load_base
 from learner.policy.registry import CHAMPION, PolicyRegistry, PolicyVersion
 from tests.model_cache import MODEL_CACHE

@@ -12,7 +12,7 @@ from tests.model_cache import MODEL_CACHE
 
 
 def _settings(**values):
-    from deploy.settings import PolicyServerSettings
+    from deploy.policy_server.settings import PolicyServerSettings
 
     return PolicyServerSettings(_env_file=None, model_cache=MODEL_CACHE, **values)
 

@@ -244,7 +244,7 @@ def test_token_budget_window_slides():
 
 
 def test_production_needs_strong_policy_keys():
-    from deploy.settings import PolicyServerSettings
+    from deploy.policy_server.settings import PolicyServerSettings
 
     redis_url = f"redis://u:{secrets.token_urlsafe(32)}@redis:6379"  # a production-strong one
     base = {"_env_file": None, "env": "production", "redis_url": redis_url}

@@ -1,0 +1,36 @@
+"""A round's metrics: each kind of update's mean figures, what each reward source gave, and
+what the sub-rounds and the behaviour relog report (`learner.rounds`)."""
+
+from __future__ import annotations
+
+import math
+
+
+def round_metrics(
+    pg: list[dict[str, float]],
+    dpo: list[dict[str, float]],
+    kto: list[dict[str, float]],
+    counts: dict[str, float],
+    *parts: dict[str, float],
+) -> dict[str, float]:
+    """The policy-gradient updates' mean metrics, DPO's and KTO's under their prefixes, the
+    number of updates, `counts` (skipped steps, reward sources, ...) and the other `parts`
+    (the sub-rounds', the behaviour relog's); NaN ones dropped (undefined this round)."""
+    metrics = mean_metrics(pg)
+    metrics.update({f"dpo/{k}": v for k, v in mean_metrics(dpo).items()})
+    metrics.update({f"kto/{k}": v for k, v in mean_metrics(kto).items()})
+    metrics["updates"] = float(len(pg) + len(dpo) + len(kto))
+    metrics.update({k: float(v) for k, v in counts.items()})
+    for part in parts:
+        metrics.update(part)
+    return {k: v for k, v in metrics.items() if math.isfinite(v)}
+
+
+def mean_metrics(runs: list[dict[str, float]]) -> dict[str, float]:
+    """Each metric's mean over the updates of a round (NaN-free where possible)."""
+    keys = {k for m in runs for k in m}
+    out = {}
+    for k in sorted(keys):
+        values = [m[k] for m in runs if k in m and not math.isnan(m[k])]
+        out[k] = sum(values) / len(values) if values else math.nan
+    return out
