@@ -48,6 +48,7 @@ def _env(redis_url: str, data_dir: Path, **extra: str) -> dict[str, str]:
         ARLOOP_READ_BLOCK_MS="50",
         ARLOOP_METRICS_PORT="0",
         ARLOOP_COLLECTIVE_TIMEOUT_S="30",
+        ARLOOP_EVAL_GATE="false",  # the round is promoted as it publishes: no policy server here
         OMP_NUM_THREADS="1",  # one torch thread per rank (accelerate reads it)
         PYTHONUNBUFFERED="1",
     )
@@ -92,6 +93,7 @@ def _learn_here(redis_url: str, data_dir: Path, **extra) -> tuple[int, str, Lear
         read_block_ms=50,
         train={"learning_rate": LR},
         metrics_port=0,
+        eval_gate=False,
         **extra,
     )
     learner = Learner(settings, Console(file=out, width=300))
