@@ -1,7 +1,9 @@
 """Redis killed (-9) and restarted under feedback load: every acknowledged event is there once,
 and once Redis is back no request fails on a stale pooled connection.
 
-A real redis-server (append-only, everysec) on loopback; the agent API over real HTTP. A burst
+A real redis-server (append-only, fsync on every write: with `everysec` Redis itself may
+acknowledge a write it has not yet handed to the file while a slow fsync runs, and a kill -9
+then loses it, which is Redis's documented window, not arloop's) on loopback; the agent API over real HTTP. A burst
 of 16 clients grows the API's connection pool, a trickle of 2 clients goes on while Redis is
 killed and restarted (so most pooled connections sit idle through the outage, stale after
 it), then 16 clients again. Each client sends one feedback per run and retries a 5xx as a
@@ -30,9 +32,15 @@ CLIENTS = 16
 GRACE_S = 1.0  # after Redis answers again: pooled connections get this long to notice
 
 
+def _fsync_always(url: str) -> None:
+    with redis.Redis.from_url(url) as r:
+        r.config_set("appendfsync", "always")
+
+
 @pytest.fixture
 def own_redis(tmp_path):
     server = start_redis(tmp_path / "redis")
+    _fsync_always(server.url)
     yield server
     server.stop()
 
@@ -80,6 +88,7 @@ def test_kill_and_restart_loses_and_doubles_nothing(start_api, llm, own_redis):
         time.sleep(1.5)
         own_redis.process = start_redis(own_redis.directory, port=own_redis.port).process
         back_at = time.monotonic()
+        _fsync_always(own_redis.url)
         for future in trickle:
             future.result()
     with ThreadPoolExecutor(CLIENTS) as burst:  # every pooled connection in use again
