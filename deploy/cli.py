@@ -12,6 +12,14 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import typer
 
+from deploy.cli_guard import (
+    HOST_HELP,
+    PORT_HELP,
+    guarded,
+    listen_on,
+    show_version,
+)
+
 app = typer.Typer(
     help="arloop: deploy LLM agents and keep making them better from what their users say.\n\n"
     "Configuration comes from ARLOOP_* environment variables (and a .env file); every "
@@ -35,19 +43,10 @@ packs_app = typer.Typer(
 app.add_typer(packs_app, name="packs")
 
 
-from deploy.cli_guard import (  # noqa: E402 - after the environment defaults above
-    HOST_HELP,
-    PORT_HELP,
-    _version,
-    guarded,
-    listen_on,
-)
-
-
 @app.callback()
 def _main(
-    show_version: bool = typer.Option(
-        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    _version: bool = typer.Option(
+        False, "--version", callback=show_version, is_eager=True, help="Print the version and exit."
     ),
 ) -> None:
     """arloop: deploy LLM agents and keep making them better from what their users say."""

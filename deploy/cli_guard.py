@@ -17,7 +17,8 @@ LEARN_MODULES = frozenset(
 too, through presidio and litellm): a command that needs one says so."""
 
 
-def _version(show: bool) -> None:
+def show_version(show: bool) -> None:
+    """`--version`: the installed arloop's version, then exit."""
     if show:
         from importlib.metadata import PackageNotFoundError, version
 
