@@ -213,6 +213,8 @@ class AgentRuntime:
             text = await asyncio.to_thread(entry.spec.input_filter, text)
         lease = await self.threads.open(thread_id or new_id("th"), user_id, agent)
         ctx = self._context(entry, user_id, arm or lease.arm, policy or entry.policy)
+        if emit is not None and entry.spec.guard is not None:
+            emit = _guarded(emit)
         ctx.emit = emit
         if emit is not None:
             emit(RunUpdate("start", "", 0))
@@ -382,3 +384,15 @@ STATUS_OF = {AnswerPath.ENVELOPE: RunStatus.ESCALATED, AnswerPath.FALLBACK: RunS
 def final_output(state: dict[str, Any]) -> str:
     last = state["messages"][-1]
     return last.content if isinstance(last.content, str) else str(last.content)
+
+
+def _guarded(emit: Emit) -> Emit:
+    """What a listener hears of an agent with a guard: the start and its tool steps, never
+    the model's own text, which the guard may replace (a dose streamed token by token before
+    the fallback would already have been read). The answer comes with the run's end."""
+
+    def listen(update: RunUpdate) -> None:
+        if update.kind not in ("delta", "model"):
+            emit(update)
+
+    return listen

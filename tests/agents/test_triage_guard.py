@@ -213,6 +213,23 @@ async def test_over_http_the_status_says_who_answered(start_api, llm):
     assert SYSTEM in llm.requests[0]["messages"][0]["content"]
 
 
+@pytest.mark.parametrize("name", ["dose", "offensive"])
+def test_a_streamed_run_never_shows_the_models_text_the_guard_replaced(start_api, llm, name):
+    """The SSE stream (the chat page's) sends a guarded agent's answer only with its end:
+    token deltas of a dose would otherwise reach the reader before the fallback."""
+    llm.responder = says(HOSTILE[name])
+    api = start_api(specs=[spec()])
+    body = {"input": SORE, "user_id": "u1"}
+    with api.http.stream("POST", "/v1/agents/triage/runs/stream", json=body) as response:
+        assert response.status_code == 200, response.read()
+        stream = response.read().decode()
+    assert llm.requests, "precondition: the model was called and wrote its answer"
+    assert "event: end" in stream and FALLBACK.splitlines()[0] in stream
+    for line in HOSTILE[name].splitlines()[:1]:
+        assert line[:20] not in stream, f"the model's own text was streamed: {line!r}"
+    assert "messages/partial" not in stream
+
+
 def test_the_envelope_and_fallback_pass_the_phi_scrubber_unchanged():
     """Logged as they were sent (the emergency numbers are no phone numbers of a person)."""
     from agents.packs.common import scrub_input
