@@ -4,7 +4,8 @@ Events, in order (each `event: <name>` with a JSON `data:` line):
 
 - `metadata` `{"run_id", "thread_id", "agent"}`: once the thread is held (run_id is the
   trajectory id);
-- `messages/partial` `[{"type": "ai", "id", "content", "node"}]`: the answer so far, after each
+- `messages/partial` `[{"type": "ai", "id", "content", "node"}]` (not for an agent with a
+  guard, whose answer the guard may replace): the answer so far, after each
   token (as LangGraph Platform's messages stream mode sends it: the whole text, not a delta);
 - `messages/complete` `[message]`: a model call finished (`type` ai, with `tool_calls` and
   `policy_version`), or a tool call finished (`type` tool, `name`, `tool_call_id`, `status`
