@@ -31,7 +31,6 @@ from agents.trajectory_sink import Scrub
 from deploy.agent_api.deps import CallerDep, ServicesDep
 from deploy.agent_api.errors import install_error_handlers
 from deploy.agent_api.history import router as history_router
-from deploy.agent_api.limits import BodySizeLimit
 from deploy.agent_api.metrics import ApiMetrics
 from deploy.agent_api.pages import STATIC_DIR
 from deploy.agent_api.pages import router as pages_router
@@ -46,6 +45,7 @@ from deploy.agent_api.schemas import (
 )
 from deploy.agent_api.services import open_services, phi_scrubber, score_rule_of
 from deploy.agent_api.streaming import router as streaming_router
+from deploy.body_limit import BodyLimit
 from deploy.embedded_redis import ensure_redis
 from deploy.logs import bind, setup_logging
 from deploy.settings import AgentApiSettings
@@ -161,7 +161,7 @@ def create_app(
         services.reader.close()
 
     app = FastAPI(title="arloop agent API", version="1", lifespan=lifespan)
-    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, error=_too_large)
     install_error_handlers(app)
     for routes in (router, streaming_router, history_router, pages_router):
         app.include_router(routes)
@@ -253,3 +253,7 @@ def serve() -> None:
         log_config=None,  # uvicorn's lines go through setup_logging's handler
         access_log=False,  # a line per run instead: an access line per feedback costs ingest rate
     )
+
+
+def _too_large(max_bytes: int) -> dict[str, str]:
+    return {"detail": f"request body is over {max_bytes} bytes (ARLOOP_MAX_BODY_BYTES)"}

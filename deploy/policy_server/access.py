@@ -5,7 +5,6 @@ that answers 413 before anything reads or tokenises the body."""
 from __future__ import annotations
 
 import hmac
-import json
 import math
 import threading
 import time
@@ -100,56 +99,3 @@ class TokenBudget:
                 error.retry_after = max(1, math.ceil(window[0][0] + 60 - now)) if window else 60
                 raise error
             window.append((now, tokens))
-
-
-class BodyLimit:
-    """ASGI: a body declared over `max_bytes` is a 413 before it is read; one sent without a
-    length (chunked) is counted as it arrives and refused past `max_bytes`."""
-
-    def __init__(self, app, max_bytes: int) -> None:
-        self.app, self.max_bytes = app, max_bytes
-
-    async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        declared = dict(scope["headers"]).get(b"content-length")
-        if declared is not None and declared.isdigit():
-            if int(declared) > self.max_bytes:
-                return await self._refuse(send)
-            return await self.app(scope, receive, send)
-        chunks, size, more = [], 0, True
-        while more:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return None
-            chunks.append(message.get("body", b""))
-            size += len(chunks[-1])
-            more = message.get("more_body", False)
-            if size > self.max_bytes:
-                return await self._refuse(send)
-        return await self.app(scope, _replay(b"".join(chunks), receive), send)
-
-    async def _refuse(self, send) -> None:
-        reason = f"the request body is over {self.max_bytes} bytes (ARLOOP_POLICY_MAX_BODY_BYTES)"
-        error = {"message": reason, "type": "invalid_request_error", "param": None, "code": None}
-        payload = json.dumps({"error": error}).encode()
-        headers = [
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(payload)).encode()),
-            (b"connection", b"close"),
-        ]
-        await send({"type": "http.response.start", "status": 413, "headers": headers})
-        await send({"type": "http.response.body", "body": payload})
-
-
-def _replay(body: bytes, receive):
-    sent = False
-
-    async def replay():
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()
-
-    return replay

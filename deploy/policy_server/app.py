@@ -23,9 +23,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from agents.errors import ArloopError
+from deploy.body_limit import BodyLimit
 from deploy.credentials import PolicyKey
 from deploy.logs import setup_logging
-from deploy.policy_server.access import BodyLimit, Caller, TokenBudget, may_sample_rejected
+from deploy.policy_server.access import Caller, TokenBudget, may_sample_rejected
 from deploy.policy_server.completions import ServerState, chat_completions
 from deploy.policy_server.engines import build_engine, choose_engine
 from deploy.policy_server.heartbeat import Heartbeat
@@ -96,7 +97,7 @@ def create_app(
     app = FastAPI(title="arloop policy server", lifespan=lifespan)
     app.state.policy_keys = list(settings.policy_keys)
     _install_errors(app)
-    app.add_middleware(BodyLimit, max_bytes=settings.policy_max_body_bytes)
+    app.add_middleware(BodyLimit, max_bytes=settings.policy_max_body_bytes, error=_too_large)
     app.add_middleware(_CountRequests, metrics=metrics)
     stream = {"text/event-stream": {}, "application/json": {}}
     app.post(
@@ -276,3 +277,8 @@ def serve() -> None:
 
 if __name__ == "__main__":
     serve()
+
+
+def _too_large(max_bytes: int) -> dict[str, Any]:
+    reason = f"the request body is over {max_bytes} bytes (ARLOOP_POLICY_MAX_BODY_BYTES)"
+    return error_body(OpenAIError(413, reason))
