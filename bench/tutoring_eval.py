@@ -1,25 +1,14 @@
 """The tutoring benchmark's held-out measurement, shared by its arms: the tutor's first model
 call as the agent graph sends it, the proxy reward TRL trains on, and the held-out evaluations
-(greedy whole runs through the calculator, and the gate's sampled first-turn form)."""
+(greedy whole runs through the calculator, and the gate's sampled first-turn form). Imported
+by `bench_tutoring_learning.py` after it has set the environment up."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import math
-import os
 import statistics
-import warnings
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-os.environ.setdefault("TLDEXTRACT_PUBLIC_SUFFIX_LIST_URLS", "")
-warnings.filterwarnings("ignore")
-import transformers
-
-transformers.logging.set_verbosity_error()
-transformers.logging.disable_progress_bar()
 
 import torch
 
