@@ -4,7 +4,8 @@ endpoint a user would write instead, and against `redis-benchmark` XADD.
 The agent API runs in its own process (uvicorn, uvloop + httptools) on a fresh Redis; a light
 keep-alive HTTP client posts feedback with valid, distinct tokens from many users (so every
 post is accepted: API key, token check, value check, user and key rate windows, replay
-marker and XADD in one Lua call). The peer (`bench/feedback_peer.py`: a pydantic body, the
+marker and XADD in one Lua call; a well-formed post is served before FastAPI's routing, by
+`deploy/agent_api/ingest.py`). The peer (`bench/feedback_peer.py`: a pydantic body, the
 HMAC check, one XADD) runs under the same uvicorn settings on the same Redis and gets the
 same posts. Then `redis-benchmark` XADDs entries of the same size to the same server and runs the
 intake's Lua call itself: how many accepted events one Redis core takes from all replicas. The

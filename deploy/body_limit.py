@@ -34,7 +34,7 @@ class BodyLimit:
             more = message.get("more_body", False)
             if size > self.max_bytes:
                 return await self._refuse(send)
-        return await self.app(scope, _replay(b"".join(chunks), receive), send)
+        return await self.app(scope, replay(b"".join(chunks), receive), send)
 
     async def _refuse(self, send) -> None:
         payload = json.dumps(self.error(self.max_bytes)).encode()
@@ -47,7 +47,8 @@ class BodyLimit:
         await send({"type": "http.response.body", "body": payload})
 
 
-def _replay(body: bytes, receive):
+def replay(body: bytes, receive):
+    """A `receive` that gives `body` whole, then what `receive` gives (the disconnect)."""
     sent = False
 
     async def replay():

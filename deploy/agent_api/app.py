@@ -20,9 +20,7 @@ from fastapi.responses import JSONResponse
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from agents.errors import ArloopError
-from agents.events import FeedbackKind, new_id
-from agents.feedback_intake import FeedbackSubmission
+from agents.events import new_id
 from agents.model_routes import ModelRoute, ModelRouteError
 from agents.packs.base import Pack
 from agents.policy_client import warm_up
@@ -31,6 +29,7 @@ from agents.trajectory_sink import Scrub
 from deploy.agent_api.deps import CallerDep, ServicesDep
 from deploy.agent_api.errors import install_error_handlers
 from deploy.agent_api.history import router as history_router
+from deploy.agent_api.ingest import FeedbackFastPath, take_feedback
 from deploy.agent_api.metrics import ApiMetrics
 from deploy.agent_api.pages import STATIC_DIR
 from deploy.agent_api.pages import router as pages_router
@@ -63,30 +62,8 @@ router = APIRouter()
 )
 async def feedback(body: FeedbackRequest, caller: CallerDep) -> JSONResponse:
     """Accept feedback on a trajectory, with the token its run returned."""
-    # The ingest path: one dependency, the answer built directly (response_model documents it)
-    services = caller.services
-    bind(trace=body.trajectory_id)
-    kind = body.kind if body.kind in FeedbackKind.__members__.values() else "invalid"
-    try:
-        submission = FeedbackSubmission(
-            body.trajectory_id,
-            body.feedback_token,
-            body.kind,
-            body.value if body.score is None else body.score,
-            body.text if body.comment is None else body.comment,
-            caller.user(body.user_id),
-            body.turn,
-            caller.key.name,
-            caller.rate_per_minute(services.settings.key_rate_per_minute),
-            key=body.key,
-        )
-        event_id = await services.intake.accept(submission)
-    except Exception as exc:  # counted, then answered by the error handlers
-        outcome = str(exc.status) if isinstance(exc, ArloopError) else "error"
-        services.metrics.feedback_counted(kind, outcome).inc()
-        raise
-    services.metrics.feedback_counted(kind, "accepted").inc()
-    return JSONResponse({"event_id": event_id}, status_code=202)
+    # Well-formed posts are answered before routing, by the same function (ingest.py)
+    return await take_feedback(caller, body)
 
 
 @router.get("/healthz", responses=errors(503))
@@ -161,7 +138,8 @@ def create_app(
         services.reader.close()
 
     app = FastAPI(title="arloop agent API", version="1", lifespan=lifespan)
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, error=_too_large)
+    app.add_middleware(FeedbackFastPath)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, error=_too_large)  # outermost
     install_error_handlers(app)
     for routes in (router, streaming_router, history_router, pages_router):
         app.include_router(routes)

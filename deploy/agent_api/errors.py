@@ -17,7 +17,7 @@ import redis
 from fastapi import FastAPI, Request
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
 from agents.errors import ArloopError
@@ -40,39 +40,60 @@ def _answer(request: Request, exc: ArloopError) -> JSONResponse:
     return _answer_detail(request, exc.status, exc.reason, exc.headers())
 
 
+async def arloop_error(request: Request, exc: ArloopError) -> JSONResponse:
+    if exc.status >= 500:  # a fault on our side (the policy endpoint): the operator's to see
+        log.warning("%d on %s: %s", exc.status, request.url.path, exc.reason)
+    return _answer(request, exc)
+
+
+async def redis_down(request: Request, exc: redis.RedisError) -> JSONResponse:
+    log.warning("redis failed: %s: %s", type(exc).__name__, exc)
+    if isinstance(exc, redis.ResponseError) and not isinstance(exc, redis.BusyLoadingError):
+        # Redis answered and refused: a fault of ours or of its configuration, not an outage
+        reason = f"Redis refused a command: {exc}; the operator's logs have it"
+        return _answer(request, ArloopError(500, reason))
+    reason = f"Redis is unavailable ({type(exc).__name__}); retry shortly"
+    return _answer(request, ArloopError(503, reason, retry_after=1))
+
+
+async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+    detail = [_safe_error(e) for e in exc.errors()]
+    return _answer_detail(request, 422, detail)
+
+
+async def http_error(request: Request, exc: HTTPException):
+    """FastAPI's "error parsing the body" 400 with the reason its cause gives, and a 405
+    whose `Allow` lists every method of the path (Starlette names only those of the
+    first route matching it: `OPTIONS /v1/feedback` said `Allow: POST`, though GET
+    serves it too); the rest as FastAPI answers them."""
+    if exc.status_code == 405:
+        exc.headers = (exc.headers or {}) | {"Allow": _methods(request.app, request.url.path)}
+    if exc.status_code != 400 or exc.__cause__ is None:
+        return await http_exception_handler(request, exc)
+    return _answer(request, ArloopError(400, _unreadable(exc.__cause__)))
+
+
+HANDLERS = (
+    (ArloopError, arloop_error),
+    (redis.RedisError, redis_down),
+    (RequestValidationError, invalid_request),
+    (HTTPException, http_error),
+)
+"""What the app answers for each kind of failure, in the order they are checked."""
+
+
 def install_error_handlers(app: FastAPI) -> None:
-    @app.exception_handler(ArloopError)
-    async def arloop_error(request: Request, exc: ArloopError) -> JSONResponse:
-        if exc.status >= 500:  # a fault on our side (the policy endpoint): the operator's to see
-            log.warning("%d on %s: %s", exc.status, request.url.path, exc.reason)
-        return _answer(request, exc)
+    for cls, handler in HANDLERS:
+        app.add_exception_handler(cls, handler)
 
-    @app.exception_handler(redis.RedisError)
-    async def redis_down(request: Request, exc: redis.RedisError) -> JSONResponse:
-        log.warning("redis failed: %s: %s", type(exc).__name__, exc)
-        if isinstance(exc, redis.ResponseError) and not isinstance(exc, redis.BusyLoadingError):
-            # Redis answered and refused: a fault of ours or of its configuration, not an outage
-            reason = f"Redis refused a command: {exc}; the operator's logs have it"
-            return _answer(request, ArloopError(500, reason))
-        reason = f"Redis is unavailable ({type(exc).__name__}); retry shortly"
-        return _answer(request, ArloopError(503, reason, retry_after=1))
 
-    @app.exception_handler(RequestValidationError)
-    async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
-        detail = [_safe_error(e) for e in exc.errors()]
-        return _answer_detail(request, 422, detail)
-
-    @app.exception_handler(HTTPException)
-    async def http_error(request: Request, exc: HTTPException):
-        """FastAPI's "error parsing the body" 400 with the reason its cause gives, and a 405
-        whose `Allow` lists every method of the path (Starlette names only those of the
-        first route matching it: `OPTIONS /v1/feedback` said `Allow: POST`, though GET
-        serves it too); the rest as FastAPI answers them."""
-        if exc.status_code == 405:
-            exc.headers = (exc.headers or {}) | {"Allow": _methods(request.app, request.url.path)}
-        if exc.status_code != 400 or exc.__cause__ is None:
-            return await http_exception_handler(request, exc)
-        return _answer(request, ArloopError(400, _unreadable(exc.__cause__)))
+async def error_response(request: Request, exc: Exception) -> Response | None:
+    """The answer the app's handlers give `exc` (for code that runs before the app's routing,
+    `deploy.agent_api.ingest`); None for an exception they do not answer."""
+    for cls, handler in HANDLERS:
+        if isinstance(exc, cls):
+            return await handler(request, exc)
+    return None
 
 
 def _unreadable(cause: BaseException) -> str:
