@@ -8,8 +8,9 @@ export LITELLM_LOCAL_MODEL_COST_MAP := True
 export TLDEXTRACT_PUBLIC_SUFFIX_LIST_URLS :=
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
-# torch's idle threads must not spin on a shared CPU (see deploy/__init__.py)
+# OpenMP's idle threads (torch, llama.cpp) spin only briefly on a shared CPU (deploy/__init__.py)
 export OMP_WAIT_POLICY := PASSIVE
+export GOMP_SPINCOUNT := 30000
 
 .PHONY: demo test lint install redis compiler browser bench clean constraints
 

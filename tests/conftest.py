@@ -10,6 +10,7 @@ os.environ.setdefault("TLDEXTRACT_PUBLIC_SUFFIX_LIST_URLS", "")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # see deploy/__init__.py
+os.environ.setdefault("GOMP_SPINCOUNT", "30000")
 
 import pytest
 import redis
