@@ -135,5 +135,17 @@ def feedback(
 
 def xadd(client: redis.Redis, event: TrajectoryEvent | FeedbackEvent) -> str:
     """XADD the event to its stream exactly as the serving side does."""
-    stream = STREAM_TRAJECTORIES if isinstance(event, TrajectoryEvent) else STREAM_FEEDBACK
-    return client.xadd(stream, encode(event)).decode()
+    return client.xadd(_stream(event), encode(event)).decode()
+
+
+def xadd_all(client: redis.Redis, events: list[TrajectoryEvent | FeedbackEvent]) -> None:
+    """XADD every event in one transaction: a learner that is already reading sees all or none
+    of them (one by one, a busy machine let a round start on the first pair alone)."""
+    with client.pipeline(transaction=True) as pipe:
+        for event in events:
+            pipe.xadd(_stream(event), encode(event))
+        pipe.execute()
+
+
+def _stream(event: TrajectoryEvent | FeedbackEvent) -> str:
+    return STREAM_TRAJECTORIES if isinstance(event, TrajectoryEvent) else STREAM_FEEDBACK

@@ -76,10 +76,12 @@ def test_features_pool_the_completion_only_and_do_not_depend_on_the_batch():
 
 
 def _judged_runs(n: int, good_share: float = 0.5):
+    """Runs with fixed ids, so the held-out split (a hash of the id) is the same every time."""
     runs = []
     for i in range(n):
         good = i < n * good_share
         t = trajectory(f"What is {i} plus 30?", f"The answer is {i + 30}." if good else "sorry no")
+        t = t.model_copy(update={"event_id": f"traj_judged_{i}"})
         runs.append((t, [feedback(t.event_id, "thumbs", 1 if good else -1)]))
     return runs
 
@@ -91,6 +93,8 @@ def test_fit_from_runs_reports_held_out_auroc_and_refuses_too_little():
         return features(model, p, c, tok.pad_token_id)
 
     runs = _judged_runs(40)
+    held = [good.value > 0 for t, [good] in runs if heldout(t.event_id)]
+    assert 0 < sum(held) < len(held)  # both kinds held out, or AUROC is undefined
     report = fit_from_runs(runs, featurize, heads=4, seed=0, min_runs=16)
     assert report is not None and report.heads == 4
     assert report.train_runs + report.heldout_runs == 40 and report.heldout_runs > 0

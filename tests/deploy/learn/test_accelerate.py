@@ -28,7 +28,7 @@ from deploy.learn.runner import Learner
 from deploy.learn.settings import LearnerSettings
 from learner.policy.registry import CHAMPION, PolicyRegistry
 from learner.store import Store
-from tests.learner.learner_events import feedback, trajectory, xadd
+from tests.learner.learner_events import feedback, trajectory, xadd, xadd_all
 from tests.model_cache import MODEL_CACHE
 
 REPO = Path(__file__).resolve().parents[3]
@@ -250,8 +250,7 @@ def test_ranks_wait_between_rounds_past_the_collective_timeout(redis_url, redis_
             time.sleep(12)  # idle: more than twice the collective timeout
             assert launch.poll() is None, "the launch died while idle"
             events = _events()
-            for e in events:
-                xadd(redis_client, e)
+            xadd_all(redis_client, events)
             registry = PolicyRegistry(redis_client)
             while len(registry.versions()) < 2:
                 assert launch.poll() is None and time.monotonic() < deadline, "no round"
