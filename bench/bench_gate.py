@@ -14,7 +14,7 @@ the demo does. Then, for `--candidate` against `--champion`:
    tasks (the first 40 of the same draw), passed unless an exact one-sided McNemar test finds
    the candidate worse at p < 0.05.
 
-    .venv/bin/python bench/bench_gate.py --data-dir .arloop/demo-<time> [--candidate v2]
+    .venv/bin/python bench/bench_gate.py [--data-dir .arloop/demo-<time>] [--candidate v2]
         [--champion v0] [--learn-defaults]
 """
 
@@ -31,6 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import httpx
 import redis
 
 from agents.events import EVAL_CACHE_PREFIX
@@ -49,7 +50,11 @@ OLD_ALPHA = 0.05
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data-dir", type=Path, required=True, help="a finished demo's folder")
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        help="a finished demo's folder (default: the newest .arloop/demo-*)",
+    )
     parser.add_argument("--candidate", default="v2")
     parser.add_argument("--champion", default="v0")
     parser.add_argument(
@@ -64,6 +69,12 @@ def main() -> None:
         "--llamacpp-threads", type=int, help="the policy server's (default: the demo's)"
     )
     opts = parser.parse_args()
+    if opts.data_dir is None:
+        demos = sorted((ROOT / ".arloop").glob("demo-*/redis"))
+        if not demos:  # `make bench` runs every bench: this one needs a demo first
+            print("bench_gate: skipped, no demo data folder in .arloop/: run `make demo` first")
+            return
+        opts.data_dir = demos[-1].parent
     if not (opts.data_dir / "redis").is_dir():
         sys.exit(f"{opts.data_dir} is not a demo's data folder (no redis/ in it): run make demo")
     work = Path(tempfile.mkdtemp(prefix="arloop-bench-gate-")) / "data"
@@ -125,13 +136,14 @@ def main() -> None:
             f"{cmp.ci_high:+.3f}), p(worse) {cmp.p_worse:.3f}: {verdict}; "
             f"{time.perf_counter() - start:.0f} s (greedy runs cached where the guards ran them)"
         )
+        if store is not None:
+            store.close()
     finally:
         stack.stop()
+        shutil.rmtree(work.parent, ignore_errors=True)  # the copy: Redis, store, checkpoints
 
 
 def _wait_policy(stack: Stack, timeout_s: float = 300) -> None:
-    import httpx
-
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         stack.check_alive()
