@@ -22,6 +22,7 @@ import math
 import time
 from collections import Counter
 from enum import StrEnum
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
@@ -93,6 +94,14 @@ class PolicyKey(BaseModel):
 def plain_key(key: str) -> dict[str, str]:
     """A bare string in ARLOOP_API_KEYS: identity `any`, named by a digest of the key."""
     return {"key": key, "name": "key-" + hashlib.sha256(key.encode()).hexdigest()[:8]}
+
+
+def plain_keys(value: Any) -> Any:
+    """A key list as settings read it (before validation): each bare string made `plain_key`'s
+    entry, anything else left for the model to check."""
+    if isinstance(value, list):
+        return [plain_key(v) if isinstance(v, str) else v for v in value]
+    return value
 
 
 def entropy_bits(value: str) -> float:

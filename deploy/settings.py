@@ -43,6 +43,7 @@ from deploy.credentials import (
     key_weakness,
     placeholder,
     plain_key,
+    plain_keys,
     weakness,
 )
 
@@ -319,9 +320,7 @@ class AgentApiSettings(PolicyEndpointSettings):
     @field_validator("api_keys", mode="before")
     @classmethod
     def _bare_keys(cls, value: Any) -> Any:
-        if isinstance(value, list):
-            return [plain_key(v) if isinstance(v, str) else v for v in value]
-        return value
+        return plain_keys(value)
 
     @model_validator(mode="after")
     def _no_weak_secrets_in_production(self) -> AgentApiSettings:

@@ -17,7 +17,7 @@ from deploy.credentials import (
     HOW_TO_MAKE_ONE,
     PolicyKey,
     key_weakness,
-    plain_key,
+    plain_keys,
 )
 from deploy.settings import ModelSettings, process_var
 
@@ -96,9 +96,7 @@ class PolicyServerSettings(ModelSettings):
     @field_validator("policy_keys", mode="before")
     @classmethod
     def _bare_policy_keys(cls, value: Any) -> Any:
-        if isinstance(value, list):
-            return [plain_key(v) if isinstance(v, str) else v for v in value]
-        return value
+        return plain_keys(value)
 
     @model_validator(mode="after")
     def _keys_in_production(self) -> PolicyServerSettings:
