@@ -80,23 +80,54 @@ def completion_logprobs(
     return logp[0, start : start + len(completion_ids)]
 
 
+MIN_SHARED_PREFIX = 16
+"""Fewest head tokens worth a separate forward pass (the prefix shared by a batch's rows)."""
+
+
 def completion_log_softmax(model: torch.nn.Module, batch: TokenBatch) -> torch.Tensor:
     """(N, V) log-softmax at the N positions where `completion_mask` is 1, row by row.
 
     The LM head (a 49k x 576 matrix for SmolLM2, a fifth of the forward) runs only on those
     positions, through transformers' boolean `logits_to_keep`: no logits for prompt, masked or
     padding tokens. Models without that argument fall back to full logits, then selection.
+
+    Rows that open with the same tokens (an agent's system prompt and worked example: most of
+    each prompt) share them: the head runs once, as one row, and its keys and values are
+    repeated for every row's remainder. The same function of the weights, gradient included
+    (autograd sums each row's share into the head), at a fraction of the compute; values agree
+    with the unshared pass to float rounding.
     """
     keep = batch.completion_mask > 0  # (B, T-1): position t predicts token t+1
     if _accepts_logits_to_keep(model):
         # (B, T): the last position predicts nothing
         positions = torch.nn.functional.pad(keep, (0, 1))
-        out = model(
-            input_ids=batch.input_ids,
-            attention_mask=batch.attention_mask,
-            logits_to_keep=positions,
-            use_cache=False,
-        )
+        head = shared_prefix(batch, keep) if _can_share(model) else 0
+        if head >= MIN_SHARED_PREFIX:
+            name = _cache_argument(model)  # `cache` (transformers 5.x) or `past_key_values`
+            cache = getattr(
+                model(
+                    input_ids=batch.input_ids[:1, :head],
+                    attention_mask=batch.attention_mask[:1, :head],
+                    logits_to_keep=1,  # no logits wanted from the head: the fewest it computes
+                    use_cache=True,
+                ),
+                name,
+            )
+            cache.batch_repeat_interleave(batch.input_ids.shape[0])
+            out = model(
+                input_ids=batch.input_ids[:, head:],
+                attention_mask=batch.attention_mask,
+                logits_to_keep=positions[:, head:],
+                use_cache=True,
+                **{name: cache},
+            )
+        else:
+            out = model(
+                input_ids=batch.input_ids,
+                attention_mask=batch.attention_mask,
+                logits_to_keep=positions,
+                use_cache=False,
+            )
         logits = out.logits.float()  # (N, V)
     else:
         out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False)
@@ -123,17 +154,53 @@ def selected_logprobs(
     return logp, entropy
 
 
+def shared_prefix(batch: TokenBatch, keep: torch.Tensor) -> int:
+    """How many head tokens every row has alike (real tokens, the same ids) before the first
+    position any row needs logits at; 0 for a single row."""
+    ids, attn = batch.input_ids, batch.attention_mask  # (B, T)
+    if ids.shape[0] < 2:
+        return 0
+    same = ((ids == ids[:1]).all(0) & (attn > 0).all(0)).long()  # (T,)
+    head = int(same.cumprod(0).sum())
+    wanted = keep.any(0).nonzero()  # positions some row needs logits at
+    return min(head, int(wanted[0])) if len(wanted) else 0
+
+
+def _can_share(model: torch.nn.Module) -> bool:
+    """A key/value cache can carry the shared head: not under gradient checkpointing, which
+    turns the cache off while training."""
+    inner = _inner(model)
+    name = next(
+        (
+            n
+            for n in ("is_activation_checkpointing", "is_gradient_checkpointing")
+            if hasattr(type(inner), n)
+        ),
+        None,
+    )
+    return not (name and getattr(inner, name) and torch.is_grad_enabled())
+
+
+def _cache_argument(model: torch.nn.Module) -> str:
+    return "cache" if _forward_takes(type(_inner(model)), "cache") else "past_key_values"
+
+
+def _inner(model: torch.nn.Module) -> torch.nn.Module:
+    """The transformers model under DDP / accelerate wrappers and peft."""
+    inner = model
+    while hasattr(inner, "module"):
+        inner = inner.module
+    if hasattr(inner, "get_base_model"):
+        inner = inner.get_base_model()
+    return inner
+
+
 def _accepts_logits_to_keep(model: torch.nn.Module) -> bool:
     import transformers.modeling_utils as mu
 
     if not hasattr(mu, "slice_logits_to_keep"):  # older transformers: no boolean (B, T) selection
         return False
-    inner = model
-    while hasattr(inner, "module"):  # DDP / accelerate wrappers
-        inner = inner.module
-    if hasattr(inner, "get_base_model"):  # peft passes the argument through to the base model
-        inner = inner.get_base_model()
-    return _forward_takes(type(inner), "logits_to_keep")
+    return _forward_takes(type(_inner(model)), "logits_to_keep")  # peft passes it through
 
 
 @functools.cache
