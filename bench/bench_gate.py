@@ -60,7 +60,8 @@ def main() -> None:
     parser.add_argument(
         "--learn-defaults",
         action="store_true",
-        help="`arloop learn`'s gate (looks 40/80/120) instead of the demo's (24/48/72)",
+        help="`arloop learn`'s gate (looks 40/80/120, run until both questions are settled) "
+        "instead of the demo's (24/48/72, stopping once the release is decided)",
     )
     parser.add_argument(
         "--concurrency", type=int, help="eval runs in flight (default: the demo's setting)"
@@ -88,12 +89,7 @@ def main() -> None:
         stack.start(("policy",))
         learn_env = stack_env(demo, stack.policy_url)["learn"]
         if opts.learn_defaults:
-            for name in (
-                "ARLOOP_GATE__LOOKS",
-                "ARLOOP_GATE__FULL_TASKS",
-                "ARLOOP_GATE__GUARD_TASKS",
-            ):
-                learn_env.pop(name)
+            learn_env = {k: v for k, v in learn_env.items() if not k.startswith("ARLOOP_GATE__")}
         if opts.concurrency:
             learn_env["ARLOOP_EVAL_CONCURRENCY"] = str(opts.concurrency)
         os.environ.update(learn_env | {"ARLOOP_REDIS_URL": url, "ARLOOP_DATA_DIR": str(work)})

@@ -1,9 +1,10 @@
 """The demo's closing measurement: the final champion against v0, by the gate's own test.
 
 Run on v0's draw (the draw of the first gate, whose v0 runs are cached in Redis), with the
-learner's gate settings, so only the final champion's runs cost anything: the sequential test
-on sampled, coupled runs gives the difference and its repeated 95% interval, and whole runs
-through the agent at the serving temperature give what users would see.
+demo's gate settings, so only the final champion's runs cost anything (and v0's beyond the
+first gate's looks): the sequential test on sampled, coupled runs, run on until "improved" is
+settled, gives the difference and its repeated 95% interval, and whole runs through the agent
+at the serving temperature give what users would see.
 """
 
 from __future__ import annotations
@@ -27,13 +28,15 @@ def final_comparison(
     stack: Stack,
     registry: PolicyRegistry,
     pack: Pack,
+    config: GateConfig,
     *,
     temperature: float,
     max_tokens: int,
     concurrency: int,
     console: Console,
 ) -> dict[str, Any] | None:
-    """The final champion vs v0 (`report.comparison`'s figures); None when v0 is still champion."""
+    """The final champion vs v0 (`report.comparison`'s figures); None when v0 is still champion.
+    `config`: the learner's gate settings (the same draw, seeds and cache entries)."""
     final = registry.resolve(CHAMPION)
     if final == BASE_VERSION:
         return None
@@ -45,7 +48,6 @@ def final_comparison(
         temperature=0.0,
         max_tokens=max_tokens,
     )
-    config = GateConfig()  # the learner's: the same draw, seeds and cache entries
     with Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), console=console
     ) as bar:

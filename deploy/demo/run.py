@@ -44,6 +44,7 @@ from deploy.demo.rounds import (
 )
 from deploy.demo.stack import Stack, StackError
 from deploy.demo.users import Behaviour
+from learner.gate.eval_gate import GateConfig
 from learner.policy.registry import BASE_VERSION, PolicyRegistry, version_number
 
 API_KEY = "demo-" + secrets.token_hex(8)
@@ -86,6 +87,21 @@ class DemoOptions:
     learning_rate: float = 2e-4
     kl_coef: float = 0.04
     phase_timeout_s: float = 900.0
+
+
+DEMO_GATE: dict[str, Any] = {
+    # a smaller gate than `arloop learn`'s (looks at 40/80/120 tasks, 40 whole runs, 24 guard
+    # runs), sized for the demo's minutes: a truly equal candidate still passes about 85 % of
+    # the time and a true 10-point regression under 5 % (tests/learner/gate/test_sequential.py
+    # simulates both). Each gate stops once "not worse" is settled (the release decision is the
+    # same); "improved" is settled by the final check, v2 against v0 on v0's draw.
+    "looks": [24, 48, 72],
+    "full_tasks": 16,
+    "guard_tasks": 12,
+    "stop_when_released": True,
+    "ope_max_runs": 64,
+}
+"""The learner's gate settings (`ARLOOP_GATE__*`) in the demo; its final check uses them too."""
 
 
 def quick(opts: DemoOptions) -> DemoOptions:
@@ -152,14 +168,7 @@ def stack_env(opts: DemoOptions, policy_url: str) -> dict[str, dict[str, str]]:
             "ARLOOP_EVAL_MAX_TOKENS": str(opts.max_tokens),
             "ARLOOP_EVAL_CONCURRENCY": str(max(opts.users, 1)),
             "ARLOOP_CANARY__ENABLED": "false",
-            "ARLOOP_GATE__OPE_MAX_RUNS": "64",
-            # a smaller gate than `arloop learn`'s (looks at 40/80/120 tasks, 40 whole runs, 24
-            # guard runs), sized for the demo's minutes: a truly equal candidate still passes
-            # about 85 % of the time, a 10-point better one shows "improved" 99 %
-            # (tests/learner/gate/test_sequential.py simulates both)
-            "ARLOOP_GATE__LOOKS": "[24,48,72]",
-            "ARLOOP_GATE__FULL_TASKS": "24",
-            "ARLOOP_GATE__GUARD_TASKS": "16",
+            **{f"ARLOOP_GATE__{k.upper()}": json.dumps(v) for k, v in DEMO_GATE.items()},
             "ARLOOP_ROUND__TRAIN_AFTER_TOOL": "false",  # the tutor's answer turn copies the calculator
         },
     }
@@ -209,6 +218,7 @@ def run_demo(opts: DemoOptions, console: Console) -> tuple[Report, Path]:
             stack,
             registry,
             pack,
+            GateConfig(**DEMO_GATE | {"stop_when_released": False}),  # "improved" settled too
             temperature=opts.temperature,
             max_tokens=opts.max_tokens,
             concurrency=max(opts.users, 1),

@@ -5,7 +5,8 @@ the evidence, and let the pure decision (`learner.gate.eval_gate.decide`) judge.
    (`learner.gate.draws`): every candidate judged against one champion runs the same tasks.
 2. The sequential test (`learner.gate.sequential`): at each look both versions run the new
    tasks k times at the serving temperature with the same seeds, in the pack's first-turn
-   form where it has one (else whole runs), until "not worse" and "improved" are settled.
+   form where it has one (else whole runs), until "not worse" and "improved" are settled
+   (or "not worse" alone, with `stop_when_released`).
 3. Whole runs at the serving temperature on the first `full_tasks` tasks (seed 0 of each):
    what users get, and how often the first-turn form agreed with it.
 4. Greedy whole runs on the first `guard_tasks` tasks for the guards (answer length, tool
@@ -30,7 +31,7 @@ from deploy.learn.settings import LearnerSettings
 from learner.gate.draws import draw_seed, sample_seed, stratified_order
 from learner.gate.eval_gate import GateConfig, GateReport, SuiteRun, decide, refuse
 from learner.gate.guards import GuardConfig
-from learner.gate.sequential import SequentialResult, sequential_test
+from learner.gate.sequential import SequentialResult, finished, sequential_test
 from learner.gate.stats import paired_comparison, paired_intervals
 from learner.policy.registry import CHAMPION, PolicyRegistry
 from learner.store import Store
@@ -197,10 +198,11 @@ class GateRunner:
                 alpha_not_worse=c.alpha,
                 alpha_improved=c.alpha_improved,
                 futility=c.futility,
+                stop_when_released=c.stop_when_released,
             )
             if self.looked:
                 self.looked(test)
-            if test.settled:
+            if finished(test, c.stop_when_released):
                 break
         return test
 

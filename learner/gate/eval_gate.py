@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from learner.gate.guards import GuardConfig, GuardEvidence, GuardResult, run_guards
-from learner.gate.sequential import IMPROVED, SequentialResult
+from learner.gate.sequential import IMPROVED, OPEN, SequentialResult
 
 if TYPE_CHECKING:  # torch stays out of `arloop policy list`
     from learner.gate.ope import OPEEstimate
@@ -48,6 +48,11 @@ class GateConfig(BaseModel):
     gate runs. Capped by the pool."""
     futility: float = Field(0.10, gt=0.0, lt=1.0)
     """A question whose conditional power falls below this is settled as not shown."""
+    stop_when_released: bool = False
+    """Stop at the first look that settles "not worse" (the release question), leaving
+    "improved" open with its interval so far: the release decision is the same (a settled
+    question never changes at a later look), at fewer runs. `arloop demo` sets it; false: run
+    on until "improved" is settled too."""
     full_tasks: int = Field(40, ge=0)
     """Tasks run as whole episodes through the agent graph at the serving temperature (the
     report's figure of what users get, and the check of the first-turn form)."""
@@ -269,11 +274,11 @@ def _reason(
     verdict: str, test: SequentialResult, guards: Sequence[GuardResult], failed: Sequence[str]
 ) -> str:
     look = test.looks[-1]
-    better = (
-        f"; improved: {look.mean:+.3f} (interval {test.ci_low:+.3f}..{test.ci_high:+.3f})"
-        if test.improved == IMPROVED
-        else ""
-    )
+    interval = f"{look.mean:+.3f} (interval {test.ci_low:+.3f}..{test.ci_high:+.3f})"
+    better = {
+        IMPROVED: f"; improved: {interval}",
+        OPEN: f"; improved: not settled at this look, {interval}",
+    }.get(test.improved, "")
     if verdict == PASS:
         return (
             f"not worse by more than {test.margin:g} on {look.tasks} held-out tasks "

@@ -127,6 +127,12 @@ class SequentialResult:
         return self.not_worse != OPEN and self.improved != OPEN
 
 
+def finished(result: SequentialResult, stop_when_released: bool = False) -> bool:
+    """No further look is needed: both questions are settled, or, with `stop_when_released`,
+    the release question ("not worse") alone."""
+    return result.settled or (stop_when_released and result.not_worse != OPEN)
+
+
 def _conditional_power(z: float, t: float, bound: float) -> float:
     """P(final Z >= bound | Z now, the current trend continuing)."""
     if t >= 1:
@@ -145,12 +151,14 @@ def sequential_test(
     alpha_not_worse: float = 0.05,
     alpha_improved: float = 0.025,
     futility: float = 0.10,
+    stop_when_released: bool = False,
 ) -> SequentialResult:
     """Run the looks over tasks in draw order. champion, candidate: (tasks, k) outcomes (0/1),
     row i of both from the same task and column j from the same sampling seed. `looks` is the
     whole plan (task counts, the last one the most a gate runs); looks beyond the rows given
     are left for a later call (`settled` False). Stops at the first look that settles both
-    questions."""
+    questions (or, with `stop_when_released`, the first that settles "not worse": the release
+    decision is the same, "improved" may stay open)."""
     a = np.asarray(champion, dtype=np.float64)  # (n, k)
     b = np.asarray(candidate, dtype=np.float64)  # (n, k)
     if a.ndim != 2 or a.shape != b.shape or a.size == 0:
@@ -185,7 +193,7 @@ def sequential_test(
             elif last or _conditional_power(z_sup, t, b_sup[-1]) < futility:
                 sup = NOT_SHOWN
         done.append(Look(m, mean, se, z_ni, z_sup, b_ni[j], b_sup[j], ni, sup))
-        if ni != OPEN and sup != OPEN:
+        if ni != OPEN and (sup != OPEN or stop_when_released):
             break
     stop = done[-1]
     half, m = stop.bound_improved * stop.se, stop.tasks

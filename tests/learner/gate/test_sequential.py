@@ -12,6 +12,7 @@ from learner.gate.sequential import (
     OPEN,
     WORSE,
     boundaries,
+    finished,
     obf_spending,
     sequential_test,
 )
@@ -104,3 +105,25 @@ def test_looks_beyond_the_rows_given_are_left_open_for_a_later_call():
     assert len(r.looks) == 1 and r.looks[0] == full.looks[0]  # the same first look
     assert not r.settled and OPEN in (r.not_worse, r.improved)  # an even draw: look again
     assert len(full.looks) > 1 and full.settled
+
+
+def test_stopping_at_release_keeps_every_release_decision_and_runs_fewer_tasks():
+    # `arloop demo`'s gates stop once "not worse" is settled (GateConfig.stop_when_released)
+    for effect, seed in ((0.0, 1), (-0.10, 2), (0.10, 3)):
+        champion, candidate = _streams(effect, seed, runs=500, n=DEMO_LOOKS[-1])
+        pairs = list(zip(champion, candidate, strict=True))
+        full = [sequential_test(a, b, DEMO_LOOKS) for a, b in pairs]
+        quick = [sequential_test(a, b, DEMO_LOOKS, stop_when_released=True) for a, b in pairs]
+        assert [r.not_worse for r in quick] == [r.not_worse for r in full]
+        assert all(finished(r, stop_when_released=True) for r in quick)
+        # "improved" is only ever claimed where the full run claims it too (same boundaries)
+        claimed = [f.improved for q, f in zip(quick, full, strict=True) if q.improved == IMPROVED]
+        assert all(x == IMPROVED for x in claimed)
+        tasks = (np.mean([r.stopped_at for r in quick]), np.mean([r.stopped_at for r in full]))
+        shown = np.mean([r.improved == IMPROVED for r in quick])
+        print(
+            f"\neffect {effect:+.2f}: mean tasks {tasks[0]:.1f} vs {tasks[1]:.1f}; improved {shown}"
+        )
+        assert tasks[0] <= tasks[1]
+        if effect >= 0:  # a candidate that is not worse settles at the first look, mostly
+            assert tasks[0] < tasks[1]
