@@ -3,7 +3,9 @@
 The queue, the batch window, cancellation and "versions never mix" are the transformers
 engine's (`GenerationEngine`); what differs is the forward pass. Each step feeds one
 `llama_decode` call: the last sampled token of every running row, plus the prompt (after the
-head its slot already holds) of every row that joins now. The rows then sample from the
+head its slot already holds, or has copied from another slot) of every row that joins now.
+Rows with the same prompt (the n choices of one request, the k samples of one eval task)
+join one step apart: the first prefills it, the others copy its KV. The rows then sample from the
 logits exactly as the transformers engine's rows do (`rows.step`: temperature, top-p, seed
 per choice, logprobs of the model's own distribution, stop strings, stop lines).
 """
@@ -34,9 +36,19 @@ class LlamaEngine(GenerationEngine):
         joining = rows
         while joining or slots:
             feeds, stepping = self._last_tokens(slots)
+            claimed: set[int] = set()
+            prompts: set[tuple[int, ...]] = set()
+            later: list[Row] = []  # the same prompt as a row joining now: copies its KV next step
             for row in joining:
+                prompt = tuple(row.prompt_ids)
+                if prompt in prompts:
+                    later.append(row)
+                    continue
                 free = [s for s in range(runner.slots) if s not in slots]
-                slot, keep = runner.claim(free, row.prompt_ids)
+                donors = [s for s in range(runner.slots) if s not in claimed]
+                slot, keep = runner.claim(free, row.prompt_ids, donors)
+                claimed.add(slot)
+                prompts.add(prompt)
                 row.seed_generator(CPU)
                 slots[slot] = row
                 feeds.append(Feed(slot, row.prompt_ids[keep:]))
@@ -46,7 +58,8 @@ class LlamaEngine(GenerationEngine):
             for slot, row in list(slots.items()):
                 if row.finish_reason is not None or row.cancelled:
                     del slots[slot]
-            joining = self._joiners(policy, min(runner.slots, self.max_batch_size) - len(slots))
+            room = min(runner.slots, self.max_batch_size) - len(slots) - len(later)
+            joining = later + self._joiners(policy, room)
             self._active = list(slots.values()) + joining
 
     @staticmethod

@@ -2,7 +2,11 @@
 
 A slot is one of the context's sequences. It keeps the KV of what it last held after its row
 finishes, so the next row whose prompt starts the same way (the system prompt and worked
-example every agent call shares) prefills only the rest, as llama.cpp's own server does.
+example every agent call shares) prefills only the rest, as llama.cpp's own server does. When
+another slot, busy or not, holds a longer head of the prompt (the other samples of one eval
+task, an agent's next call after a tool), the claimed slot gets a copy of that slot's KV
+instead: copying a sequence (about 15 ms for SmolLM2's 4096 tokens) is cheaper than
+prefilling a few dozen tokens (about 3 ms each on 2 cores).
 Calls go through llama.cpp's C API (ctypes releases the GIL while it computes).
 """
 
@@ -37,8 +41,17 @@ class LlamaRunner:
     """A loaded GGUF: `slots` sequences of up to `context` tokens each, decoded together."""
 
     def __init__(
-        self, path: Path, *, slots: int, context: int, threads: int, n_batch: int = 2048
+        self,
+        path: Path,
+        *,
+        slots: int,
+        context: int,
+        threads: int,
+        n_batch: int = 2048,
+        copy_gain: int = 16,
     ) -> None:
+        """`copy_gain`: the fewest prompt tokens a copy of another slot's KV must save."""
+        self.copy_gain = copy_gain
         self.path, self.closed = path, True  # nothing to free until fully made
         params = llama_cpp.llama_model_default_params()
         # No repacked/AMX weight buffers: a build with AMX crashes in sandboxes that do not
@@ -73,12 +86,26 @@ class LlamaRunner:
     def slots(self) -> int:
         return len(self.held)
 
-    def claim(self, free: Sequence[int], prompt: Sequence[int]) -> tuple[int, int]:
-        """(slot, tokens kept) for `prompt`: the free slot sharing its longest head, cut there.
+    def claim(
+        self, free: Sequence[int], prompt: Sequence[int], donors: Sequence[int] = ()
+    ) -> tuple[int, int]:
+        """(slot, tokens kept) for `prompt`: the free slot sharing its longest head, cut there;
+        or, when one of `donors` (slots whose KV is what `held` says: not claimed in this step)
+        holds `copy_gain` more tokens of it, a free slot given a copy of that slot's KV.
 
         At least the prompt's last token is fed again: its logits are the first sample's.
         """
         slot, keep = max(((s, _common(self.held[s], prompt)) for s in free), key=lambda x: x[1])
+        best = max(
+            ((s, _common(self.held[s], prompt)) for s in donors),
+            default=(slot, 0),
+            key=lambda x: x[1],
+        )
+        if best[0] != slot and best[1] - keep >= self.copy_gain:
+            llama_cpp.llama_memory_seq_rm(self._memory, slot, -1, -1)
+            llama_cpp.llama_memory_seq_cp(self._memory, best[0], slot, -1, -1)
+            self.held[slot] = list(self.held[best[0]])
+            keep = best[1]
         keep = min(keep, len(prompt) - 1)
         if not llama_cpp.llama_memory_seq_rm(self._memory, slot, keep, -1):
             llama_cpp.llama_memory_seq_rm(self._memory, slot, -1, -1)

@@ -195,6 +195,40 @@ def test_n_samples_of_one_prompt_are_seeded(oai):
     assert first.usage.completion_tokens == 18
 
 
+def test_n_samples_share_the_prompt_and_keep_the_models_logprobs(oai, tiny, engine, monkeypatch):
+    # llama.cpp: the first choice prefills the prompt, the others copy its KV (runner.claim)
+    model, tok = tiny
+    copies = []
+    if engine == "llamacpp":
+        import llama_cpp
+
+        copy = llama_cpp.llama_memory_seq_cp
+        monkeypatch.setattr(
+            llama_cpp, "llama_memory_seq_cp", lambda *a: copies.append(a) or copy(*a)
+        )
+    text = "A new question for the copy test: what is 17 plus 25? Use the calculator tool."
+    body = oai.chat.completions.create(
+        model="arloop",
+        messages=[{"role": "user", "content": text}],
+        max_tokens=6,
+        n=4,
+        seed=3,
+        temperature=1.0,
+        logprobs=True,
+        extra_body={"return_token_ids": True},
+    ).model_dump()
+    assert len(body["prompt_token_ids"]) > 16  # longer than the copy threshold: copies happen
+    for choice in body["choices"]:
+        served = torch.tensor([e["logprob"] for e in choice["logprobs"]["content"]])
+        ref = completion_logprobs(
+            model, body["prompt_token_ids"], choice["token_ids"], tok.pad_token_id
+        )
+        torch.testing.assert_close(served, ref, atol=LOGPROB_ATOL[engine], rtol=0)
+    assert len({tuple(c["token_ids"]) for c in body["choices"]}) > 1  # four samples, not one
+    if engine == "llamacpp":
+        assert len(copies) == 3  # the three later choices copied the first one's prompt
+
+
 def test_stop_strings_end_the_completion(oai):
     free = oai.chat.completions.create(model="arloop", messages=HI, max_tokens=10, temperature=0)
     text = free.choices[0].message.content

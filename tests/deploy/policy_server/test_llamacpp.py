@@ -84,6 +84,25 @@ def test_a_slot_reuses_the_head_it_holds_and_computes_the_same(tiny, tmp_path):
     assert runner.claim([0], second) == (0, len(second) - 1)  # the last token is always fed
 
 
+def test_a_slot_copies_a_longer_head_from_another_slot_and_computes_the_same(tiny, tmp_path):
+    from deploy.policy_server.llamacpp.runner import Feed, LlamaRunner
+
+    model, tok = tiny
+    path = _export(tiny, tmp_path / "t.gguf", "f32")
+    runner = LlamaRunner(path, slots=3, context=256, threads=1, copy_gain=4)
+    prompt = _ids(tok, TEXTS[0])
+    runner.decode([Feed(0, prompt)])  # slot 0 is busy with the prompt (a running row)
+    runner.decode([Feed(2, prompt[:2])])  # slot 2 holds less of it
+    assert runner.claim([1, 2], prompt, donors=[0, 1, 2]) == (2, len(prompt) - 1)  # a copy of 0
+    logits = runner.decode([Feed(2, prompt[-1:]), Feed(0, [5])])
+    assert np.abs(logits[0] - _reference(model, prompt)).max() < 1e-3
+    assert np.abs(logits[1] - _reference(model, prompt + [5])).max() < 1e-3  # the donor goes on
+    # a copy saving fewer than `copy_gain` tokens is not taken: the slot's own head is fed on
+    runner.copy_gain = 10**6
+    assert runner.claim([1], prompt, donors=[0, 2]) == (1, 0)
+    assert np.abs(runner.decode([Feed(1, prompt)])[0] - _reference(model, prompt)).max() < 1e-3
+
+
 def test_llama_cpps_token_ids_are_the_tokenizers(tiny, tmp_path):
     from deploy.policy_server.llamacpp.loader import check_vocabulary
 
