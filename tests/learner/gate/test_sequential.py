@@ -18,7 +18,7 @@ from learner.gate.sequential import (
 )
 
 LOOKS = (40, 80, 120)  # `arloop learn`'s default (GateConfig)
-DEMO_LOOKS = (24, 48, 72)  # `arloop demo`'s (deploy/demo/run.py)
+DEMO_LOOKS = (24, 48)  # `arloop demo`'s (deploy/demo/run.py)
 K = 8  # samples per task
 RUNS = 2000
 
@@ -64,7 +64,8 @@ def test_error_rates_and_power_over_synthetic_outcome_streams(looks):
     assert null["improved"] <= 0.05  # type I error of "improved"
     assert worse["not worse"] <= 0.05  # a 10-point regression is not released
     assert better["improved"] >= 0.8  # power at a true +10
-    assert null["not worse"] >= 0.8  # an equal candidate usually releases
+    # an equal candidate usually releases (the demo's smaller gate: about 77 % of the time)
+    assert null["not worse"] >= (0.8 if looks == LOOKS else 0.75)
     assert null["tasks"] < looks[-1]  # and the looks stop early on average
 
 
@@ -127,3 +128,11 @@ def test_stopping_at_release_keeps_every_release_decision_and_runs_fewer_tasks()
         assert tasks[0] <= tasks[1]
         if effect >= 0:  # a candidate that is not worse settles at the first look, mostly
             assert tasks[0] < tasks[1]
+
+
+def test_the_demos_final_check_settles_a_20_point_gain_at_its_first_look_mostly():
+    champion, candidate = _streams(0.20, seed=4, runs=1000, n=DEMO_LOOKS[-1])
+    results = [sequential_test(a, b, DEMO_LOOKS) for a, b in zip(champion, candidate, strict=True)]
+    first = np.mean([r.improved == IMPROVED and r.stopped_at == DEMO_LOOKS[0] for r in results])
+    print(f"\n+20 points: improved at the first look {first:.3f}")
+    assert first >= 0.8  # deploy/demo/run.py's DEMO_GATE comment gives the figure (about 87 %)
