@@ -69,6 +69,9 @@ def main() -> None:
     parser.add_argument(
         "--llamacpp-threads", type=int, help="the policy server's (default: the demo's)"
     )
+    parser.add_argument(
+        "--max-batch", type=int, help="the policy server's rows per step (default: the demo's)"
+    )
     opts = parser.parse_args()
     if opts.data_dir is None:
         demos = sorted((ROOT / ".arloop").glob("demo-*/redis"))
@@ -84,6 +87,8 @@ def main() -> None:
     stack = Stack(work, stack_env(demo, "unused"))
     if opts.llamacpp_threads:
         stack.env["policy"]["ARLOOP_LLAMACPP_THREADS"] = str(opts.llamacpp_threads)
+    if opts.max_batch:
+        stack.env["policy"]["ARLOOP_MAX_BATCH_SIZE"] = str(opts.max_batch)
     url = stack.start_redis()
     try:
         stack.start(("policy",))
