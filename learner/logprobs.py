@@ -104,8 +104,10 @@ def completion_log_softmax(model: torch.nn.Module, batch: TokenBatch) -> torch.T
         head = shared_prefix(batch, keep) if _can_share(model) else 0
         if head >= MIN_SHARED_PREFIX:
             name = _cache_argument(model)  # `cache` (transformers 5.x) or `past_key_values`
+            # through a DDP wrapper only once (its gradient hooks expect one forward per
+            # backward): the head runs on the wrapped module, its gradient flows all the same
             cache = getattr(
-                model(
+                _unwrapped(model)(
                     input_ids=batch.input_ids[:1, :head],
                     attention_mask=batch.attention_mask[:1, :head],
                     logits_to_keep=1,  # no logits wanted from the head: the fewest it computes
@@ -179,6 +181,13 @@ def _can_share(model: torch.nn.Module) -> bool:
         None,
     )
     return not (name and getattr(inner, name) and torch.is_grad_enabled())
+
+
+def _unwrapped(model: torch.nn.Module) -> torch.nn.Module:
+    """The module under DDP / accelerate wrappers (peft kept)."""
+    while hasattr(model, "module"):
+        model = model.module
+    return model
 
 
 def _cache_argument(model: torch.nn.Module) -> str:
