@@ -61,7 +61,7 @@ def main() -> None:
         "--learn-defaults",
         action="store_true",
         help="`arloop learn`'s gate (looks 40/80/120, run until both questions are settled) "
-        "instead of the demo's (24/48/72, stopping once the release is decided)",
+        "instead of the demo's (24/48, stopping once the release is decided)",
     )
     parser.add_argument(
         "--concurrency", type=int, help="eval runs in flight (default: the demo's setting)"

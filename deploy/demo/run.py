@@ -52,7 +52,7 @@ API_KEY = "demo-" + secrets.token_hex(8)
 
 @dataclass(frozen=True)
 class DemoOptions:
-    """What `arloop demo --help` offers; the defaults take about 6 minutes on 2 cores."""
+    """What `arloop demo --help` offers; the defaults take 10-12 minutes on 2 cores."""
 
     rounds: int = 2
     users: int = 8
@@ -92,7 +92,7 @@ class DemoOptions:
 DEMO_GATE: dict[str, Any] = {
     # a smaller gate than `arloop learn`'s (looks at 40/80/120 tasks, 40 whole runs, 24 guard
     # runs), sized for the demo's minutes: a truly equal candidate still passes about 77 % of
-    # the time, a true 10-point regression about 0.1 %, and a true 20-point gain shows
+    # the time, a true 10-point regression 0.05 %, and a true 20-point gain shows
     # "improved" at the first look 87 % of the time (tests/learner/gate/test_sequential.py
     # simulates them). Each gate stops once "not worse" is settled (the release decision is
     # the same); "improved" is settled by the final check, v2 against v0 on v0's draw.
