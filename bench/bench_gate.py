@@ -31,12 +31,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import httpx
 import redis
 
 from agents.events import EVAL_CACHE_PREFIX
 from deploy.demo.run import DemoOptions, stack_env
-from deploy.demo.stack import Stack
+from deploy.demo.stack import Stack, StackError
 from deploy.learn.settings import LearnerSettings
 from deploy.learn.suite_runner import gate_runner
 from learner.gate.draws import draw_seed, stratified_order
@@ -99,7 +98,10 @@ def main() -> None:
             learn_env["ARLOOP_EVAL_CONCURRENCY"] = str(opts.concurrency)
         os.environ.update(learn_env | {"ARLOOP_REDIS_URL": url, "ARLOOP_DATA_DIR": str(work)})
         settings = LearnerSettings()
-        _wait_policy(stack)
+        try:
+            stack.wait_ready(300)
+        except StackError as exc:
+            sys.exit(f"bench_gate: {exc}")
         client = redis.Redis.from_url(url)
         registry = PolicyRegistry(client)
         candidate, champion = registry.resolve(opts.candidate), registry.resolve(opts.champion)
@@ -142,19 +144,6 @@ def main() -> None:
     finally:
         stack.stop()
         shutil.rmtree(work.parent, ignore_errors=True)  # the copy: Redis, store, checkpoints
-
-
-def _wait_policy(stack: Stack, timeout_s: float = 300) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        stack.check_alive()
-        try:
-            if httpx.get(f"{stack.policy_url[:-3]}/healthz", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    sys.exit(f"the policy server did not start in {timeout_s:.0f} s; see {stack.logs}")
 
 
 if __name__ == "__main__":

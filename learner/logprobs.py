@@ -196,12 +196,8 @@ def _cache_argument(model: torch.nn.Module) -> str:
 
 def _inner(model: torch.nn.Module) -> torch.nn.Module:
     """The transformers model under DDP / accelerate wrappers and peft."""
-    inner = model
-    while hasattr(inner, "module"):
-        inner = inner.module
-    if hasattr(inner, "get_base_model"):
-        inner = inner.get_base_model()
-    return inner
+    inner = _unwrapped(model)
+    return inner.get_base_model() if hasattr(inner, "get_base_model") else inner
 
 
 def _accepts_logits_to_keep(model: torch.nn.Module) -> bool:

@@ -110,12 +110,12 @@ class Stack:
         self.procs.append(Proc(name, proc, log))
 
     def wait_ready(self, timeout_s: float, tick=lambda: None) -> None:
-        """Until the policy server and the agent API answer /healthz (StackError otherwise)."""
+        """Until the started policy server and agent API answer /healthz (StackError
+        otherwise)."""
         deadline = time.monotonic() + timeout_s
-        pending = {
-            "policy": f"{self.policy_url[:-3]}/healthz",
-            "agents": f"{self.agents_url}/healthz",
-        }
+        started = {p.name for p in self.procs}
+        urls = {"policy": f"{self.policy_url[:-3]}/healthz", "agents": f"{self.agents_url}/healthz"}
+        pending = {name: url for name, url in urls.items() if name in started}
         while pending:
             self.check_alive()
             for name, url in list(pending.items()):

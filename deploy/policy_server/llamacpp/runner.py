@@ -95,17 +95,15 @@ class LlamaRunner:
 
         At least the prompt's last token is fed again: its logits are the first sample's.
         """
-        slot, keep = max(((s, _common(self.held[s], prompt)) for s in free), key=lambda x: x[1])
-        best = max(
-            ((s, _common(self.held[s], prompt)) for s in donors),
-            default=(slot, 0),
-            key=lambda x: x[1],
-        )
-        if best[0] != slot and best[1] - keep >= self.copy_gain:
+        common = {s: _common(self.held[s], prompt) for s in {*free, *donors}}  # each slot once
+        slot = max(free, key=common.__getitem__)
+        donor = max(donors, key=common.__getitem__, default=slot)
+        keep = common[slot]
+        if donor != slot and common[donor] - keep >= self.copy_gain:
             llama_cpp.llama_memory_seq_rm(self._memory, slot, -1, -1)
-            llama_cpp.llama_memory_seq_cp(self._memory, best[0], slot, -1, -1)
-            self.held[slot] = list(self.held[best[0]])
-            keep = best[1]
+            llama_cpp.llama_memory_seq_cp(self._memory, donor, slot, -1, -1)
+            self.held[slot] = list(self.held[donor])
+            keep = common[donor]
         keep = min(keep, len(prompt) - 1)
         if not llama_cpp.llama_memory_seq_rm(self._memory, slot, keep, -1):
             llama_cpp.llama_memory_seq_rm(self._memory, slot, -1, -1)
