@@ -15,7 +15,10 @@ the demo does. Then, for `--candidate` against `--champion`:
    the candidate worse at p < 0.05.
 
     .venv/bin/python bench/bench_gate.py [--data-dir .arloop/demo-<time>] [--candidate v2]
-        [--champion v0] [--learn-defaults]
+        [--champion v0] [--learn-defaults] [--export]
+
+With `--export` the candidate's llama.cpp export is deleted first, so the policy server makes
+it on the candidate's first request, as it does in the demo.
 """
 
 from __future__ import annotations
@@ -71,6 +74,12 @@ def main() -> None:
     parser.add_argument(
         "--max-batch", type=int, help="the policy server's rows per step (default: the demo's)"
     )
+    parser.add_argument(
+        "--export",
+        action="store_true",
+        help="forget the candidate's llama.cpp export too, so the policy server exports it on "
+        "its first request, as in the demo (default: the cached export is loaded)",
+    )
     opts = parser.parse_args()
     if opts.data_dir is None:
         demos = sorted((ROOT / ".arloop").glob("demo-*/redis"))
@@ -90,6 +99,8 @@ def main() -> None:
         stack.env["policy"]["ARLOOP_MAX_BATCH_SIZE"] = str(opts.max_batch)
     url = stack.start_redis()
     try:
+        if opts.export:
+            print(f"export forgotten: {_forget_export(url, opts.candidate) or 'none was cached'}")
         stack.start(("policy",))
         learn_env = stack_env(demo, stack.policy_url)["learn"]
         if opts.learn_defaults:
@@ -144,6 +155,24 @@ def main() -> None:
     finally:
         stack.stop()
         shutil.rmtree(work.parent, ignore_errors=True)  # the copy: Redis, store, checkpoints
+
+
+def _forget_export(url: str, version: str) -> str:
+    """Delete the candidate's cached GGUF (the default cache, the server's quantisation)."""
+    from deploy.policy_server.llamacpp.loader import LlamaLoader
+    from deploy.policy_server.settings import PolicyServerSettings
+
+    settings = PolicyServerSettings()
+    loader = LlamaLoader(
+        cache_dir=settings.model_cache, quant=settings.llamacpp_quant, slots=1, threads=1
+    )
+    registry = PolicyRegistry(redis.Redis.from_url(url))
+    record = registry.get(registry.resolve(version))
+    path = loader.gguf_path(record)
+    if not path.exists():
+        return ""
+    path.unlink()
+    return path.name
 
 
 if __name__ == "__main__":

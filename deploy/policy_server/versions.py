@@ -273,7 +273,7 @@ class VersionManager:
             if record.status is VersionStatus.BROKEN:
                 raise RuntimeError(f"marked broken in the registry: {record.error}")
             started = time.monotonic()
-            model, tokenizer = self.loader(record)
+            model, tokenizer = in_own_thread(self.loader, record)
             digest = checkpoint_digest(record)
         except Exception as exc:  # noqa: BLE001 - any bad checkpoint must leave serving as it was
             self._mark_broken(version, exc)
@@ -336,6 +336,34 @@ class VersionManager:
             self._in_memory.discard(id(policy))
             self.metrics.loaded_versions.set(len(self._in_memory))
         log.info("freed %s", policy.version)
+
+
+def in_own_thread(fn: Callable[..., Any], *args: Any) -> Any:
+    """`fn(*args)` on a new thread that ends when it returns: its result, or its exception.
+
+    A load runs torch (a checkpoint's weights, a LoRA merged for the llama.cpp export), whose
+    OpenMP keeps a team of threads for every thread that ever ran a parallel region, for that
+    thread's life; torch and llama.cpp share one libgomp. With that team kept, more threads
+    are managed than there are cores, libgomp cuts its spin before a wait to a few hundred
+    turns, and llama.cpp's barriers (one after each operation of a decoding step) go to
+    sleep: one gate's sampled runs took 84 s at 1.25 cores instead of 49 s at 1.9 when the
+    candidate's export ran on a request thread that stayed (`bench/bench_gate.py
+    --export`). A thread that ends takes its team with it.
+    """
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["result"] = fn(*args)
+        except BaseException as exc:  # noqa: BLE001 - raised again on the caller's thread
+            box["error"] = exc
+
+    worker = threading.Thread(target=run, name="policy-load", daemon=True)
+    worker.start()
+    worker.join()
+    if "error" in box:
+        raise box["error"]
+    return box["result"]
 
 
 def _number(version: str) -> int:

@@ -69,7 +69,9 @@ def export_gguf(
     writer = gguf.GGUFWriter(partial, "llama")
     _write_header(writer, config, name, file_type)
     _write_vocab(writer, tokenizer, config.vocab_size, pre_tokenizer)
-    writer.add_array(EOS_KEY, sorted(eos_ids(model, tokenizer)))
+    # a string, not an array: llama.cpp hands scalar metadata back (`LlamaRunner.meta`) and
+    # skips arrays, and reading an array back with gguf's reader parses the whole vocabulary
+    writer.add_string(EOS_KEY, ",".join(str(i) for i in sorted(eos_ids(model, tokenizer))))
     for gguf_name, data in _tensors(model):
         if data.ndim == 2 and qtype is not gguf.GGMLQuantizationType.F32:
             writer.add_tensor(gguf_name, quantize(data, qtype), raw_dtype=qtype)
@@ -83,10 +85,10 @@ def export_gguf(
     return path
 
 
-def read_eos_ids(path: Path) -> set[int]:
-    """The eos ids `export_gguf` wrote into a file (empty for a file written elsewhere)."""
-    field = gguf.GGUFReader(path).fields.get(EOS_KEY)
-    return {int(i) for i in field.contents()} if field is not None else set()
+def read_eos_ids(text: str | None) -> set[int]:
+    """The eos ids `export_gguf` wrote (`LlamaRunner.meta(EOS_KEY)`); empty for a file
+    written elsewhere."""
+    return {int(i) for i in text.split(",")} if text else set()
 
 
 def _write_header(writer: gguf.GGUFWriter, config: Any, name: str, file_type: int) -> None:

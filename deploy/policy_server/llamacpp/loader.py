@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from deploy.policy_server.llamacpp.export import Quant, export_gguf, read_eos_ids
+from deploy.policy_server.llamacpp.export import EOS_KEY, Quant, export_gguf, read_eos_ids
 from deploy.policy_server.llamacpp.runner import LlamaRunner
 from deploy.policy_server.openai_wire import token_bytes
 from learner.policy.models import (
@@ -32,7 +32,7 @@ from learner.policy.models import (
 from learner.policy.registry import PolicyVersion
 
 log = logging.getLogger(__name__)
-EXPORT_FORMAT = 1  # bump when export_gguf writes something different: old files are not reused
+EXPORT_FORMAT = 2  # bump when export_gguf writes something different: old files are not reused
 DEFAULT_CONTEXT = 4096
 """Tokens per sequence when the settings name none: the KV of every slot is reserved up front
 (SmolLM2-135M: about 23 KB a token in f16, 8 slots x 4096 = 0.75 GB)."""
@@ -66,7 +66,7 @@ class LlamaLoader:
         runner = LlamaRunner(
             path, slots=self.slots, context=self.context or DEFAULT_CONTEXT, threads=self.threads
         )
-        runner.eos = read_eos_ids(path) or {tokenizer.eos_token_id}
+        runner.eos = read_eos_ids(runner.meta(EOS_KEY)) or {tokenizer.eos_token_id}
         check_vocabulary(runner, tokenizer)
         return runner, tokenizer
 

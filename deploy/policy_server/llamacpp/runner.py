@@ -151,6 +151,18 @@ class LlamaRunner:
             n = llama_cpp.llama_token_to_piece(self._vocab, token_id, buf, len(buf), 0, True)
         return buf.raw[:n]
 
+    def meta(self, key: str) -> str | None:
+        """A scalar metadata value of the file, as text (None when it has no such key)."""
+        size = 256
+        while True:
+            buf = ctypes.create_string_buffer(size)
+            n = llama_cpp.llama_model_meta_val_str(self._model, key.encode(), buf, size)
+            if n < 0:
+                return None
+            if n < size:
+                return buf.value.decode()
+            size = n + 1
+
     def reset(self, slot: int) -> None:
         """Forget what a slot holds (after a failed decode its KV is not what `held` says)."""
         llama_cpp.llama_memory_seq_rm(self._memory, slot, -1, -1)

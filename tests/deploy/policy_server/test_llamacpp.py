@@ -135,6 +135,7 @@ def test_the_q8_0_export_is_close_to_the_learners_weights(tiny, tmp_path):
 
 
 def test_the_loader_exports_a_version_once_and_keeps_the_newest(redis_client, tmp_path):
+    from deploy.policy_server.llamacpp.export import EOS_KEY
     from deploy.policy_server.llamacpp.loader import LlamaLoader
 
     registry = PolicyRegistry(redis_client)
@@ -144,6 +145,8 @@ def test_the_loader_exports_a_version_once_and_keeps_the_newest(redis_client, tm
     runner, tok = loader(registry.get("v0"))
     path = loader.gguf_path(registry.get("v0"))
     assert runner.path == path and path.exists() and runner.eos == {tok.eos_token_id}
+    assert runner.meta(EOS_KEY) == str(tok.eos_token_id)  # the export's, not the fallback
+    assert runner.meta("arloop.no-such-key") is None
     written = path.stat().st_ino
     loader(registry.get("v0"))
     assert path.stat().st_ino == written  # loaded from the cache, not exported again

@@ -11,6 +11,7 @@ import httpx
 import pytest
 import torch
 
+from deploy.policy_server.versions import VersionManager, in_own_thread
 from learner.logprobs import completion_logprobs
 from learner.policy.models import load_version
 from learner.policy.registry import CANDIDATE, CHAMPION, PolicyRegistry, VersionStatus
@@ -258,3 +259,34 @@ def test_a_client_that_leaves_mid_stream_releases_its_version(
 
 def _metric_line(text: str, name: str) -> str:
     return next(ln for ln in text.splitlines() if ln.startswith(name + " ")).split()[-1]
+
+
+def test_a_version_loads_on_a_thread_that_ends(redis_client):
+    """Loading runs torch, whose OpenMP keeps a team of threads for each thread that ran it;
+    a kept team slows llama.cpp's barriers (`in_own_thread`). The loader runs on a thread of
+    its own, gone when the load returns; what it raises reaches the caller."""
+    threads = []
+
+    def loader(record):
+        threads.append(threading.current_thread())
+        return load_version(record, cache_dir=MODEL_CACHE)
+
+    versions = VersionManager(
+        redis_client, base_model="tiny", model_cache=MODEL_CACHE, poll_s=60, loader=loader
+    )
+    versions.start()
+    try:
+        assert versions.serving()[CHAMPION] == "v0"
+        assert len(threads) == 1
+        assert threads[0] is not threading.current_thread()
+        assert threads[0] is not versions._follower
+        assert not threads[0].is_alive()
+    finally:
+        versions.stop()
+
+    def broken():
+        raise ValueError("no such checkpoint")
+
+    with pytest.raises(ValueError, match="no such checkpoint"):
+        in_own_thread(broken)
+    assert in_own_thread(sum, [1, 2]) == 3
