@@ -9,7 +9,11 @@ Passive with no spin at all is too slow for llama.cpp, whose OpenMP threads meet
 after every operation: each wake-up cost the policy server ~56 ms a decoding step (8 rows of
 SmolLM2: 192 eval answers took 59 s against 39 s). A short spin before sleeping (libgomp's
 GOMP_SPINCOUNT, tens of microseconds) keeps the barriers fast and still frees the core when a
-thread has nothing to do: one gate's sampled runs took 66 s instead of 119 s.
+thread has nothing to do: one gate's sampled runs took 66 s instead of 119 s. libgomp also
+keeps a team of threads for every thread that ever ran torch; with one more team kept,
+llama.cpp decoded at 1.25 cores instead of 1.9 (as we read libgomp, it cuts its spin short
+once it manages more threads than there are cores), so the policy server loads versions on a
+thread that ends (`deploy.policy_server.versions.in_own_thread`).
 """
 
 import os

@@ -343,12 +343,12 @@ def in_own_thread(fn: Callable[..., Any], *args: Any) -> Any:
 
     A load runs torch (a checkpoint's weights, a LoRA merged for the llama.cpp export), whose
     OpenMP keeps a team of threads for every thread that ever ran a parallel region, for that
-    thread's life; torch and llama.cpp share one libgomp. With that team kept, more threads
-    are managed than there are cores, libgomp cuts its spin before a wait to a few hundred
-    turns, and llama.cpp's barriers (one after each operation of a decoding step) go to
-    sleep: one gate's sampled runs took 84 s at 1.25 cores instead of 49 s at 1.9 when the
-    candidate's export ran on a request thread that stayed (`bench/bench_gate.py
-    --export`). A thread that ends takes its team with it.
+    thread's life; torch and llama.cpp share one libgomp. With such a team kept on a thread
+    that stayed (a request's), llama.cpp decoded at 1.25 cores instead of 1.9 for the rest of
+    the server's life, and one gate's sampled runs took 84 s instead of 54 s
+    (`bench/bench_gate.py --export`): as we read libgomp, it cuts its spin before a wait
+    short once it manages more threads than there are cores, so llama.cpp's barriers (one
+    after each operation of a decoding step) sleep. A thread that ends takes its team with it.
     """
     box: dict[str, Any] = {}
 
