@@ -124,8 +124,11 @@ def _batch(opts: DemoOptions) -> int:
     return max(16, opts.users)
 
 
-def stack_env(opts: DemoOptions, policy_url: str) -> dict[str, dict[str, str]]:
-    """The `ARLOOP_*` settings of each process."""
+def stack_env(
+    opts: DemoOptions, policy_url: str, pack: Pack | None = None
+) -> dict[str, dict[str, str]]:
+    """The `ARLOOP_*` settings of each process (`pack`: the demo's, whose agents may ask for
+    more tokens than `max_tokens`: the triage agent writes up to 80)."""
     threads = str(opts.threads)
     trainable = str(opts.episodes - _quiet(opts))
     # how the agents sample and write tools: the learner's sub-rounds resample alike
@@ -143,7 +146,7 @@ def stack_env(opts: DemoOptions, policy_url: str) -> dict[str, dict[str, str]]:
             # front by llama.cpp) and its copies small
             "ARLOOP_CONTEXT_LENGTH": "1024",
             "ARLOOP_BATCH_WINDOW_MS": "20",
-            "ARLOOP_MAX_TOKENS_CAP": str(opts.max_tokens),
+            "ARLOOP_MAX_TOKENS_CAP": str(token_cap(opts, pack)),
             "ARLOOP_RELOAD_POLL_S": "1",
             "ARLOOP_TOOL_FORMAT": sampling["ARLOOP_TOOL_FORMAT"],
             # llama.cpp's threads spin: the demo's phases take turns, so both cores are free
@@ -194,6 +197,13 @@ def fresh_dir(opts: DemoOptions) -> Path:
     return folder.resolve()
 
 
+def token_cap(opts: DemoOptions, pack: Pack | None) -> int:
+    """The most completion tokens the policy server grants a choice: the demo's `max_tokens`,
+    or more where one of the pack's agents sets its own (else its requests are refused)."""
+    own = [a.generation.max_tokens for a in pack.agents if a.generation] if pack else []
+    return max([opts.max_tokens, *(n for n in own if n is not None)])
+
+
 def run_demo(opts: DemoOptions, console: Console) -> tuple[Report, Path]:
     """The demo; (report, report folder). StackError when a process fails (logs named)."""
     from agents.packs import get_pack
@@ -202,7 +212,7 @@ def run_demo(opts: DemoOptions, console: Console) -> tuple[Report, Path]:
     data_dir = fresh_dir(opts)
     pack = get_pack(opts.pack, tutoring_eval_size=opts.eval_size)
     stack = Stack(data_dir, {})
-    stack.env = stack_env(opts, stack.policy_url)
+    stack.env = stack_env(opts, stack.policy_url, pack)
     seconds: dict[str, float] = {}
     records: list[RoundRecord] = []
     try:

@@ -12,10 +12,11 @@ from collections import Counter
 import pytest
 
 from agents.events import STREAM_EVAL_TRAJECTORIES, STREAM_FEEDBACK, STREAM_TRAJECTORIES, decode
+from agents.packs import get_pack
 from agents.packs.tutoring import tutoring_pack
 from deploy.demo.report import headline
 from deploy.demo.rounds import round_tasks
-from deploy.demo.run import DemoOptions, main
+from deploy.demo.run import DemoOptions, main, stack_env
 from learner.policy.registry import CHAMPION, PolicyRegistry
 
 
@@ -116,3 +117,16 @@ def test_a_round_spreads_its_problems_over_the_kinds_in_groups():
     counts = Counter(t.meta["kind"] for t in problems)
     assert set(counts) == {"add", "sub", "mul", "div"} and set(counts.values()) == {2, 3}
     assert len({t.id for t in problems}) == 10
+
+
+def test_the_policy_server_grants_what_the_packs_agents_ask_for():
+    """The triage agent asks for 80 tokens a call; the demo's policy server capped every
+    choice at the demo's `max_tokens` (32), so each visit of `arloop demo --pack medical`
+    failed with a 502. The cap admits what the pack's agents ask for."""
+    opts = DemoOptions()
+    medical = get_pack("medical")
+    asks = max(a.generation.max_tokens or 0 for a in medical.agents if a.generation)
+    assert asks > opts.max_tokens  # the precondition: the pack asks for more than the default
+    assert int(stack_env(opts, "", medical)["policy"]["ARLOOP_MAX_TOKENS_CAP"]) >= asks
+    tutoring = stack_env(opts, "", get_pack("tutoring"))["policy"]
+    assert tutoring["ARLOOP_MAX_TOKENS_CAP"] == str(opts.max_tokens)  # no agent of its own
