@@ -200,8 +200,8 @@ def fresh_dir(opts: DemoOptions) -> Path:
 def token_cap(opts: DemoOptions, pack: Pack | None) -> int:
     """The most completion tokens the policy server grants a choice: the demo's `max_tokens`,
     or more where one of the pack's agents sets its own (else its requests are refused)."""
-    own = [a.generation.max_tokens for a in pack.agents if a.generation] if pack else []
-    return max([opts.max_tokens, *(n for n in own if n is not None)])
+    agents = pack.agents if pack else ()
+    return max([opts.max_tokens, *(a.generation.max_tokens or 0 for a in agents if a.generation)])
 
 
 def run_demo(opts: DemoOptions, console: Console) -> tuple[Report, Path]:

@@ -12,6 +12,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -350,20 +351,8 @@ def in_own_thread(fn: Callable[..., Any], *args: Any) -> Any:
     short once it manages more threads than there are cores, so llama.cpp's barriers (one
     after each operation of a decoding step) sleep. A thread that ends takes its team with it.
     """
-    box: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            box["result"] = fn(*args)
-        except BaseException as exc:  # noqa: BLE001 - raised again on the caller's thread
-            box["error"] = exc
-
-    worker = threading.Thread(target=run, name="policy-load", daemon=True)
-    worker.start()
-    worker.join()
-    if "error" in box:
-        raise box["error"]
-    return box["result"]
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="policy-load") as pool:
+        return pool.submit(fn, *args).result()  # leaving the block joins the worker
 
 
 def _number(version: str) -> int:
