@@ -319,7 +319,8 @@ def one_run(a: argparse.Namespace, draw: int, seed: int, base_seen: dict) -> dic
         f"evaluations ({evaluations / human if human else 0:.1f} per human event); sub-rounds "
         f"solved {pct(m.get('subround/solved_first'))} -> {pct(m.get('subround/solved_last'))}"
         f"; KTO answers {m.get('reward_sources/kto_judged', 0):.0f}; reward model "
-        f"AUROC {m.get('reward_model/auroc', float('nan')):.2f}"
+        f"AUROC {m.get('reward_model/auroc', float('nan')):.2f}; learner peak RSS "
+        f"{m.get('memory/peak_rss_mb', float('nan')):.0f} MiB"
     )
     return {
         "draw": draw,

@@ -4,6 +4,8 @@ what the sub-rounds and the behaviour relog report (`learner.rounds`)."""
 from __future__ import annotations
 
 import math
+import resource
+import sys
 
 
 def round_metrics(
@@ -34,3 +36,11 @@ def mean_metrics(runs: list[dict[str, float]]) -> dict[str, float]:
         values = [m[k] for m in runs if k in m and not math.isnan(m[k])]
         out[k] = sum(values) / len(values) if values else math.nan
     return out
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident memory so far, in MiB (`memory/peak_rss_mb` of a round:
+    a learner that runs rounds one after another reports its high-water mark, the figure a
+    machine must have)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    return peak / (1024 * 1024 if sys.platform == "darwin" else 1024)

@@ -38,7 +38,7 @@ from learner.policy.registry import (
 )
 from learner.publish import Published, publish_version
 from learner.rewards import EpisodeReward, batch_rewards, keep_turns
-from learner.round_metrics import round_metrics
+from learner.round_metrics import peak_rss_mb, round_metrics
 from learner.samples import (
     TrainingData,
     build_training_data,
@@ -191,6 +191,7 @@ def run_round(
     metrics[f"untrainable/{NO_TOKEN_IDS}"] = float(blind + blind_silent)
     if judge is not None:
         metrics.update(judge.metrics(len(scored)))
+    metrics["memory/peak_rss_mb"] = peak_rss_mb()  # training, sub-rounds and reward model done
     crash_point("during_train")
     trained = [i for n in sorted(used) for i in episodes[n].event_ids]
 

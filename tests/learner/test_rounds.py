@@ -12,6 +12,7 @@ from learner.logprobs import completion_logprobs
 from learner.policy.models import checkpoint_path, load_base, load_version
 from learner.policy.registry import CHAMPION, VersionStatus
 from learner.reward_model import heldout
+from learner.round_metrics import peak_rss_mb
 from learner.rounds import NO_TOKEN_IDS, RoundAborted, run_round
 from learner.train_step import TrainConfig
 from learner.trajectory_source import TrajectorySource
@@ -64,6 +65,7 @@ def test_a_round_publishes_a_loadable_version_that_moved_the_right_way(
     assert (record.parent, record.checkpoint_kind, record.base_model) == ("v0", "lora", "tiny")
     assert record.status is VersionStatus.CHAMPION
     assert registry.get("v0").status is VersionStatus.RETIRED
+    assert 0 < record.metrics["memory/peak_rss_mb"] <= peak_rss_mb()  # the learner's, at the time
     manifest = json.loads((checkpoint_path(record.checkpoint_uri) / "manifest.json").read_text())
     assert sorted(manifest["trained_event_ids"]) == sorted(e.event_id for e in events)
     assert store.ledger() == {e.event_id: "v1" for e in events}

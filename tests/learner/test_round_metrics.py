@@ -1,0 +1,28 @@
+"""A round's memory figure: the learner process's peak resident memory."""
+
+import os
+from pathlib import Path
+
+import pytest
+
+from learner.round_metrics import peak_rss_mb
+
+STATM = Path("/proc/self/statm")
+SLACK_MB = 16
+
+
+def _resident_mb() -> float:
+    pages = int(STATM.read_text().split()[1])
+    return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+@pytest.mark.skipif(not STATM.exists(), reason="reads /proc (Linux)")
+def test_the_peak_covers_memory_the_process_touched_and_holds():
+    block = bytearray(256 * 2**20)
+    block[::4096] = b"\x01" * len(range(0, len(block), 4096))  # every page resident
+    resident = _resident_mb()
+    assert resident >= 256
+    # the kernel folds each thread's page counts into the process's in batches: a little slack
+    assert peak_rss_mb() >= resident - SLACK_MB
+    del block
+    assert peak_rss_mb() >= resident - SLACK_MB  # a high-water mark: freeing does not lower it
