@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import resource
 import sys
+from pathlib import Path
 
 
 def round_metrics(
@@ -41,6 +42,15 @@ def mean_metrics(runs: list[dict[str, float]]) -> dict[str, float]:
 def peak_rss_mb() -> float:
     """This process's peak resident memory so far, in MiB (`memory/peak_rss_mb` of a round:
     a learner that runs rounds one after another reports its high-water mark, the figure a
-    machine must have)."""
+    machine must have).
+
+    Linux's `VmHWM`, not `getrusage`: Linux keeps `ru_maxrss` across exec, so a learner
+    started by a large process would report its parent's peak.
+    """
+    status = Path("/proc/self/status")
+    if status.exists():
+        for line in status.read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024  # kB
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
     return peak / (1024 * 1024 if sys.platform == "darwin" else 1024)

@@ -1,6 +1,8 @@
 """A round's memory figure: the learner process's peak resident memory."""
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -26,3 +28,21 @@ def test_the_peak_covers_memory_the_process_touched_and_holds():
     assert peak_rss_mb() >= resident - SLACK_MB
     del block
     assert peak_rss_mb() >= resident - SLACK_MB  # a high-water mark: freeing does not lower it
+
+
+@pytest.mark.skipif(not STATM.exists(), reason="reads /proc (Linux)")
+def test_a_process_started_by_a_large_one_reports_its_own_peak_not_its_parents():
+    block = bytearray(512 * 2**20)
+    block[::4096] = b"\x01" * len(range(0, len(block), 4096))
+    assert _resident_mb() >= 512  # the parent is large when it starts the child
+    child = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from learner.round_metrics import peak_rss_mb; print(peak_rss_mb())",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert float(child.stdout) < 256  # getrusage's ru_maxrss would carry the parent's 512+
