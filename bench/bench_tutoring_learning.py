@@ -332,6 +332,7 @@ def one_run(a: argparse.Namespace, draw: int, seed: int, base_seen: dict) -> dic
         "arloop_s": arloop_s,
         "trl_s": trl["seconds"],
         "per_human": evaluations / human if human else 0.0,
+        "loops": {k: statistics.fmean(v) for k, v in loops.items()},
     }
 
 

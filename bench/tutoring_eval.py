@@ -217,6 +217,14 @@ def summary(results: list[dict]) -> None:
         )
     ahead = sum(r["gap"]["low"] > 0 for r in results)
     behind = sum(r["gap"]["high"] < 0 for r in results)
+    gaps = [r["gap"]["diff"] for r in results]
+    low, high = t_interval(gaps)
+    loops = {k: statistics.fmean(r["loops"][k] for r in results) for k in results[0]["loops"]}
+    print(
+        f"arloop - TRL: mean paired difference {statistics.fmean(gaps):+.3f} (95% t interval "
+        f"{low:+.3f}..{high:+.3f}); the whole loop replayed greedily, mean over runs: "
+        + ", ".join(f"{k} {v:.0%}" for k, v in loops.items())
+    )
     print(
         f"arloop vs TRL: ahead in {ahead}, behind in {behind}, no detectable difference in "
         f"{len(results) - ahead - behind}; verified reward evaluations per human event "
