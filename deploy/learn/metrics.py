@@ -41,8 +41,10 @@ ROUND_GAUGES = {
     "loss": "loss",
     "frac_reward_zero_std": "frac_reward_zero_std",
     "untrainable/no_token_ids": "untrainable_no_token_ids",
+    "memory/peak_rss_mb": "peak_rss_mb",
 }
-"""Round metric (TRL's name) -> the suffix of its `arloop_learner_<suffix>` gauge."""
+"""Round metric (TRL's name where TRL has one) -> the suffix of its `arloop_learner_<suffix>`
+gauge."""
 
 
 class LearnerMetrics:
@@ -60,9 +62,7 @@ class LearnerMetrics:
             "arloop_learner_round_seconds", "Wall time of the last round.", registry=r
         )
         self.round = {
-            name: Gauge(
-                f"arloop_learner_{suffix}", f"Last round's {name} (TRL's name).", registry=r
-            )
+            name: Gauge(f"arloop_learner_{suffix}", f"Last round's {name}.", registry=r)
             for name, suffix in ROUND_GAUGES.items()
         }
         self.stream_length = _g("stream_length", "Entries in the stream.", r)

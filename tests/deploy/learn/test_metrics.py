@@ -61,6 +61,8 @@ def test_a_round_and_the_streams_show_on_metrics_and_in_the_status(
         assert 'arloop_learner_rounds_total{outcome="published"} 1.0' in text
         assert f"arloop_learner_kl {learner.last.metrics['kl']}" in text
         assert "arloop_learner_completions_mean_length" in text
+        peak = learner.last.metrics["memory/peak_rss_mb"]
+        assert peak > 0 and f"arloop_learner_peak_rss_mb {peak}" in text
         health = {"status": "ok", "last_error": None, "champion_problem": None}
         assert httpx.get(f"{url}/healthz").json() == health
         assert httpx.get(f"{url}/nothing").status_code == 404
