@@ -110,9 +110,11 @@ class FeedbackIntake:
         rate_per_minute: int,
         scrub: Callable[[str], str] | None = None,
         score_reward: ScoreRule | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.secret = secret
         self.rate_per_minute = rate_per_minute
+        self.clock = clock  # seconds since the epoch: its minute is the rate window
         self.scrub = scrub  # a correction's text is user text: PHI scrubbed before Redis
         self.score_reward = score_reward  # None: named scores are kept but not learned from
         self._accept = client.register_script(_ACCEPT)
@@ -167,7 +169,7 @@ class FeedbackIntake:
         return min(1.0, max(-1.0, float(reward)))
 
     async def _write(self, event: FeedbackEvent, claims: TokenClaims, key_limit: int) -> str:
-        now = time.time()
+        now = self.clock()
         window = int(now // 60)
         keys = [
             f"{RATE_PREFIX}:feedback:{claims.user_id}:{window}",

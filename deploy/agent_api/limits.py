@@ -4,6 +4,7 @@ and requests per user and minute (429, one Redis round trip)."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import redis.asyncio as aioredis
 
@@ -19,10 +20,12 @@ class RateLimited(ArloopError):
 
 
 class RateLimiter:
-    """Fixed one-minute windows per scope and user."""
+    """Fixed one-minute windows per scope and user (`clock`: seconds since the epoch, whose
+    minute is the window)."""
 
-    def __init__(self, client: aioredis.Redis) -> None:
+    def __init__(self, client: aioredis.Redis, clock: Callable[[], float] = time.time) -> None:
         self.client = client
+        self.clock = clock
 
     async def hit(
         self,
@@ -33,7 +36,7 @@ class RateLimiter:
     ) -> None:
         """Count one request for the user (and for the `(name, per_minute)` credential, all
         its users together); RateLimited past either limit in the current minute."""
-        now = time.time()
+        now = self.clock()
         window = int(now // 60)
         counted = [(f"{RATE_PREFIX}:{scope}:{user_id}:{window}", per_minute, f"user {user_id!r}")]
         if credential is not None:

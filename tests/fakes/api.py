@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import random
+import time
 from dataclasses import dataclass
 
 import httpx
 import pytest
+from fastapi import FastAPI
 
 from agents.runtime import AgentSpec
 from deploy.agent_api.app import create_app
@@ -45,6 +47,14 @@ class Api:
     server: ServerThread
     http: httpx.Client
     settings: AgentApiSettings
+    app: FastAPI
+
+    def hold_rate_window(self) -> None:
+        """Stop the per-minute rate windows' clock halfway through the current minute: a test
+        that counts requests up to a limit must not see the minute turn under it."""
+        services = self.app.state.services
+        held = (time.time() // 60) * 60 + 30.0
+        services.limiter.clock = services.intake.clock = lambda: held
 
     def run(self, text: str, user: str = "u1", agent: str = "tutor", **extra) -> httpx.Response:
         return self.http.post(
@@ -92,7 +102,8 @@ def start_api(redis_url, llm):
             extend(app)
         thread = ServerThread(app, **(server or {})).start()
         headers = {"Authorization": f"Bearer {API_KEY}"}
-        api = Api(thread, httpx.Client(base_url=thread.url, headers=headers, timeout=30), settings)
+        http = httpx.Client(base_url=thread.url, headers=headers, timeout=30)
+        api = Api(thread, http, settings, app)
         started.append(api)
         return api
 

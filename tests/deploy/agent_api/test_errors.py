@@ -177,6 +177,7 @@ def test_malformed_feedback_bodies_are_422(api):
 def test_rate_limits_are_429_per_user(start_api, llm):
     llm.responder = lambda request: Reply(content="ok")
     api = start_api(run_rate_per_minute=2, feedback_rate_per_minute=1)
+    api.hold_rate_window()
     body = ran(api)
     ran(api)
     limited = api.run("third")
