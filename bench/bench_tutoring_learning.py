@@ -279,7 +279,6 @@ def one_run(a: argparse.Namespace, draw: int, seed: int, base_seen: dict) -> dic
     if not base_seen:
         base_seen.update(outcomes=outcomes["base (v0)"], loops=loops["base (v0)"])
     outcomes["base (v0)"], loops["base (v0)"] = base_seen["outcomes"], base_seen["loops"]
-    policies = {"base (v0)": None, **policies}
 
     base = outcomes["base (v0)"]
     gains = {k: gain(base, outcomes[k]) for k in ("arloop v1", "TRL GRPO")}
@@ -287,7 +286,7 @@ def one_run(a: argparse.Namespace, draw: int, seed: int, base_seen: dict) -> dic
     print(f"\nheld-out, the gate's sampled first-turn form ({len(evals)} x {a.samples}):")
     print(f"{'policy':11s} {'rewards':>8s} {'success':>8s}   gain over base (95%)   loop replayed")
     budget = {"base (v0)": "-", "arloop v1": str(opts.episodes), "TRL GRPO": str(trl["rewards"])}
-    for name in policies:
+    for name in budget:  # base, arloop, TRL
         rate = statistics.fmean(statistics.fmean(row) for row in outcomes[name])
         shown = fmt_gain(gains[name]) if name in gains else "-"
         print(
