@@ -31,6 +31,8 @@ USER = r"^[A-Za-z0-9_.@+-]{1,128}$"
 KEY_MIN_CHARS, KEY_MIN_BITS = 24, 96
 SECRET_MIN_CHARS, SECRET_MIN_BITS = 32, 128
 HOW_TO_MAKE_ONE = "python -c 'import secrets; print(secrets.token_urlsafe(32))'"
+DEFAULT_TENANT = "default"
+PSEUDONYM_PREFIX = "u_"
 DEVELOPMENT_PREFIX = "arloop-development-"
 """Values that start so are the manifests' development placeholders: refused in production."""
 
@@ -73,8 +75,9 @@ class ApiKey(BaseModel):
         return self
 
     def scoped(self, user: str) -> str:
-        """The user id arloop stores: `user` in the default tenant, `tenant:user` otherwise."""
-        return user if self.tenant == "default" else f"{self.tenant}:{user}"
+        """The user as this key's tenant knows it: `user` in the default tenant, `tenant:user`
+        otherwise (what `pseudonym` hashes; never stored as is)."""
+        return user if self.tenant == DEFAULT_TENANT else f"{self.tenant}:{user}"
 
 
 class PolicyKey(BaseModel):
@@ -136,6 +139,27 @@ def key_weakness(key: str) -> str | None:
     """Why a production process must not use this key or Redis password, or None: a
     development placeholder, or weaker than an API key must be."""
     return placeholder(key) or weakness(key, KEY_MIN_CHARS, KEY_MIN_BITS)
+
+
+# -- user ids as arloop stores them --------------------------------------------------------
+
+
+def pseudonym(key: bytes, scoped_user: str) -> str:
+    """The id arloop stores for a user (`ApiKey.scoped`): a keyed hash, so an email address or a
+    patient number never reaches a Redis key name, a stream, an export or a token.
+
+    `u_<24 base32 chars>` (120 bits of HMAC-SHA256 under `key`) in the default tenant,
+    `tenant:u_<...>` in another: the tenant stays readable, for scoping reads."""
+    mac = hmac.new(key, scoped_user.encode(), hashlib.sha256).digest()[:15]
+    name = PSEUDONYM_PREFIX + base64.b32encode(mac).decode().lower()
+    tenant, sep, _ = scoped_user.rpartition(":")
+    return f"{tenant}:{name}" if sep else name
+
+
+def tenant_of(user_id: str) -> str:
+    """The tenant of a stored user id (`tenant:u_...`, or the default tenant's `u_...`)."""
+    tenant, sep, _ = user_id.rpartition(":")
+    return tenant if sep else DEFAULT_TENANT
 
 
 # -- signed user tokens (identity `signed`) -------------------------------------------------
