@@ -34,7 +34,9 @@ CHECKPOINT_PREFIX = "arloop:lg"  # LangGraph thread checkpoints (langgraph-check
 THREAD_PREFIX = "arloop:thread"  # hash per thread: owner, agent, policy arm; plus a run lock
 MEMORY_PREFIX = "arloop:memory"  # lists per user and task kind: reflections, facts
 FEEDBACK_SEEN_PREFIX = "arloop:feedback:seen"  # replay markers per trajectory and kind
+FEEDBACK_SCORES_PREFIX = "arloop:feedback:scores"  # named scores taken per trajectory
 RATE_PREFIX = "arloop:rate"  # per-user rate-limit windows
+FORGET_REQUESTS = "arloop:forget"  # hash: stored user id -> when its erasure was asked
 
 
 def policy_version_key(version: str) -> str:

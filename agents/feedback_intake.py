@@ -23,6 +23,7 @@ import redis.asyncio as aioredis
 
 from agents.errors import ArloopError
 from agents.events import (
+    FEEDBACK_SCORES_PREFIX,
     FEEDBACK_SEEN_PREFIX,
     RATE_PREFIX,
     STREAM_FEEDBACK,
@@ -45,9 +46,11 @@ USER_KINDS = (
 ScoreRule = Callable[[str | None, str, float], float | None]
 """(agent, key, score) -> reward in [-1, 1] or None: the served packs' `score_reward`."""
 
-# KEYS: the user's rate window, replay marker, stream, the credential's rate window.
+# KEYS: the user's rate window, replay marker, stream, the credential's rate window, the run's
+# count of named scores.
 # ARGV: user limit, window s, marker ttl s, marker value (event id|nonce), credential limit
-# (0: none), then the stream entry's field/value pairs.
+# (0: none), named scores a run may take (0: not a named score), then the stream entry's
+# field/value pairs.
 _ACCEPT = """
 local seen = redis.call('GET', KEYS[2])
 if seen == ARGV[4] then return {'again', seen} end
@@ -60,12 +63,26 @@ if tonumber(ARGV[5]) > 0 then
   if k > tonumber(ARGV[5]) then return {'rate', 'key'} end
 end
 if seen then return {'dup', seen} end
+local scores = tonumber(ARGV[6])
+if scores > 0 then
+  local named = redis.pcall('INCR', KEYS[5])
+  if type(named) == 'table' and named.err then return {'error', named.err} end
+  redis.pcall('EXPIRE', KEYS[5], ARGV[3])
+  if named > scores then
+    redis.pcall('DECR', KEYS[5])
+    return {'cap', tostring(scores)}
+  end
+end
+local function undo(err)
+  if scores > 0 then redis.pcall('DECR', KEYS[5]) end
+  return {'error', err}
+end
 local marked = redis.pcall('SET', KEYS[2], ARGV[4], 'EX', ARGV[3], 'NX')
-if type(marked) == 'table' and marked.err then return {'error', marked.err} end
-local id = redis.pcall('XADD', KEYS[3], '*', unpack(ARGV, 6))
+if type(marked) == 'table' and marked.err then return undo(marked.err) end
+local id = redis.pcall('XADD', KEYS[3], '*', unpack(ARGV, 7))
 if type(id) == 'table' and id.err then
   redis.call('DEL', KEYS[2])
-  return {'error', id.err}
+  return undo(id.err)
 end
 return {'ok', id}
 """
@@ -93,6 +110,8 @@ class FeedbackSubmission:
     """Feedback that credential may send per minute, all its users together (None: no limit)."""
     key: str | None = None
     """A named score's name (kind `score`; `value` is the score, `text` the comment)."""
+    tenant: str = "default"
+    """The API key's tenant: a token of another tenant's user is refused (403)."""
 
 
 def feedback_event_id(trajectory_id: str, kind: str) -> str:
@@ -111,9 +130,11 @@ class FeedbackIntake:
         scrub: Callable[[str], str] | None = None,
         score_reward: ScoreRule | None = None,
         clock: Callable[[], float] = time.time,
+        scores_per_run: int = 8,
     ) -> None:
         self.secret = secret
         self.rate_per_minute = rate_per_minute
+        self.scores_per_run = scores_per_run  # named scores one run (one token) may take
         self.clock = clock  # seconds since the epoch: its minute is the rate window
         self.scrub = scrub  # a correction's text is user text: PHI scrubbed before Redis
         self.score_reward = score_reward  # None: named scores are kept but not learned from
@@ -123,7 +144,7 @@ class FeedbackIntake:
         """The event id of the accepted feedback; FeedbackRejected says why not."""
         try:
             claims = verify(self.secret, sub.feedback_token)
-            check_scope(claims, sub.trajectory_id, sub.user_id)
+            check_scope(claims, sub.trajectory_id, sub.user_id, sub.tenant)
         except TokenError as exc:
             raise FeedbackRejected(exc.status, exc.reason) from exc
         event = self._event(sub, claims)
@@ -176,11 +197,13 @@ class FeedbackIntake:
             f"{FEEDBACK_SEEN_PREFIX}:{event.trajectory_id}:{event.slot}",
             STREAM_FEEDBACK,
             f"{RATE_PREFIX}:feedback-key:{event.credential}:{window}",
+            f"{FEEDBACK_SCORES_PREFIX}:{event.trajectory_id}",
         ]
         marker = f"{event.event_id}|{secrets.token_hex(8)}"
         fields = [x for pair in encode(event).items() for x in pair]
         ttl = marker_ttl(claims, now)
-        args = [self.rate_per_minute, 120, ttl, marker, key_limit, *fields]
+        scores = self.scores_per_run if event.kind is FeedbackKind.SCORE else 0
+        args = [self.rate_per_minute, 120, ttl, marker, key_limit, scores, *fields]
         status, detail = (_str(v) for v in await self._accept(keys=keys, args=args))
         if status == "error":
             raise FeedbackRejected(
@@ -199,6 +222,12 @@ class FeedbackIntake:
                 429,
                 f"too much feedback from {who}: {limit} per minute; retry in {wait} s",
                 retry_after=wait,
+            )
+        if status == "cap":
+            raise FeedbackRejected(
+                409,
+                f"this run already has {detail} named scores, the most one run takes "
+                "(ARLOOP_FEEDBACK_SCORES_PER_RUN); a score already given cannot be changed",
             )
         if status == "dup":
             raise FeedbackRejected(

@@ -1,23 +1,36 @@
-"""Feedback tokens: HMAC-SHA256 over trajectory id, user id, policy version, expiry and agent.
+"""Feedback tokens: the claims of one run (trajectory, user, policy version, expiry, agent),
+sealed with AES-256-GCM under a key derived from ARLOOP_SECRET_KEY.
 
-The agent is the fifth claim since feedback listings filter by it; a token issued before it
-existed (four claims) still verifies, with no agent.
+Sealed, not only signed: the token is opaque to whoever holds it (the user id in it is already a
+pseudonym, `deploy.credentials.pseudonym`, and the rest is no one's business), and any change to
+it fails the tag. The user id carries its tenant (`tenant:u_...`), so a token answers for one
+tenant's user whatever a request's body says (`check_scope`).
 """
 
 from __future__ import annotations
 
 import base64
-import hashlib
-import hmac
+import binascii
 import json
+import os
 import time
 from dataclasses import dataclass
+from functools import lru_cache
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from agents.errors import ArloopError
 
 MAX_TOKEN_TTL_S = 400 * 24 * 3600
 """The longest life a feedback token may have (`ARLOOP_FEEDBACK_TOKEN_TTL_S` is bounded by it):
 a replay marker must outlive its token, and Redis refuses absurd expiry times."""
+FORMAT = b"\x02"
+"""The token's first byte (and its associated data): tokens of the signed-only format 1, which
+showed their claims, are refused."""
+NONCE_BYTES = 12
 
 
 class TokenError(ArloopError):
@@ -36,12 +49,18 @@ class TokenClaims:
 
 
 def sign(secret: str, claims: TokenClaims) -> str:
-    """`<payload>.<mac>`, both base64url without padding."""
-    fields = [claims.trajectory_id, claims.user_id, claims.policy_version, claims.expires_at]
-    fields += [claims.agent] if claims.agent is not None else []
+    """The sealed claims, base64url without padding."""
+    fields = [
+        claims.trajectory_id,
+        claims.user_id,
+        claims.policy_version,
+        claims.expires_at,
+        claims.agent,
+    ]
     body = json.dumps(fields, separators=(",", ":")).encode()
-    payload = _b64(body)
-    return f"{payload}.{_b64(_mac(secret, payload))}"
+    nonce = os.urandom(NONCE_BYTES)  # 96 random bits: safe for far more tokens than any key sees
+    sealed = _aead(secret).encrypt(nonce, body, FORMAT)
+    return base64.urlsafe_b64encode(FORMAT + nonce + sealed).rstrip(b"=").decode()
 
 
 def issue(
@@ -61,38 +80,45 @@ def verify(secret: str, token: str | None, *, now: float | None = None) -> Token
     """The claims of a genuine, unexpired token; TokenError(401) otherwise."""
     if not token:
         raise TokenError(401, "feedback_token is missing: send the token the run returned")
-    claims = _decode(secret, token)
+    claims = _open(secret, token)
     if claims is None:
         raise TokenError(
             401,
-            "feedback_token is not valid (altered or not issued by this service); "
-            "send the token the run returned, unchanged",
+            "feedback_token is not valid (altered, of an older format, or not issued by this "
+            "service); send the token the run returned, unchanged",
         )
     if claims.expires_at < (time.time() if now is None else now):
         raise TokenError(401, "feedback_token has expired: feedback on this run is closed")
     return claims
 
 
-def check_scope(claims: TokenClaims, trajectory_id: str, user_id: str | None) -> None:
-    """TokenError(403) when the token is for another trajectory or another user."""
+def check_scope(claims: TokenClaims, trajectory_id: str, user_id: str | None, tenant: str) -> None:
+    """TokenError(403) when the token is for another trajectory, another tenant's user, or
+    (when the caller acts as a user) another user."""
+    from_tenant, sep, _ = claims.user_id.rpartition(":")
     if claims.trajectory_id != trajectory_id:
         raise TokenError(
             403, "feedback_token belongs to another trajectory: send the one its run returned"
+        )
+    if (from_tenant if sep else "default") != tenant:
+        raise TokenError(
+            403, "feedback_token belongs to another tenant's user: this API key cannot rate it"
         )
     if user_id is not None and user_id != claims.user_id:
         raise TokenError(403, "feedback_token belongs to another user: only they can rate this run")
 
 
-def _decode(secret: str, token: str) -> TokenClaims | None:
-    payload, _, mac = token.partition(".")
+def _open(secret: str, token: str) -> TokenClaims | None:
     try:
-        if not hmac.compare_digest(_unb64(mac), _mac(secret, payload)):
+        raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
+        if raw[:1] != FORMAT:
             return None
-        values = json.loads(_unb64(payload))
-        if not isinstance(values, list) or len(values) not in (4, 5):
+        nonce, sealed = raw[1 : 1 + NONCE_BYTES], raw[1 + NONCE_BYTES :]
+        values = json.loads(_aead(secret).decrypt(nonce, sealed, FORMAT))
+        if not isinstance(values, list) or len(values) != 5:
             return None
         claims = TokenClaims(*values)
-    except (ValueError, TypeError):
+    except (InvalidTag, ValueError, TypeError, binascii.Error):
         return None
     return claims if _well_formed(claims) else None
 
@@ -100,18 +126,12 @@ def _decode(secret: str, token: str) -> TokenClaims | None:
 def _well_formed(claims: TokenClaims) -> bool:
     texts = (claims.trajectory_id, claims.user_id, claims.policy_version)
     agent_ok = claims.agent is None or isinstance(claims.agent, str)
-    return (
-        all(isinstance(v, str) for v in texts) and isinstance(claims.expires_at, int) and agent_ok
-    )
+    expires_ok = isinstance(claims.expires_at, int) and not isinstance(claims.expires_at, bool)
+    return all(isinstance(v, str) for v in texts) and expires_ok and agent_ok
 
 
-def _mac(secret: str, payload: str) -> bytes:
-    return hmac.new(secret.encode(), payload.encode(), hashlib.sha256).digest()
-
-
-def _b64(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
-
-
-def _unb64(text: str) -> bytes:
-    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+@lru_cache(maxsize=8)
+def _aead(secret: str) -> AESGCM:
+    """The AEAD for a secret (HKDF-SHA256 to 256 bits; one per secret, derived once)."""
+    kdf = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=b"arloop feedback token")
+    return AESGCM(kdf.derive(secret.encode()))

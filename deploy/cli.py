@@ -292,6 +292,26 @@ def export(
 # -- end arloop export ---------------------------------------------------------------------------
 
 
+@app.command("forget")
+def forget(
+    user: str = typer.Option(..., "--user", help="The user id, as your app sends it."),
+    tenant: str = typer.Option(
+        "default", "--tenant", help="The tenant of the API key the user came with."
+    ),
+) -> None:
+    """Erase one user's data (their threads, long-term memories, and logged runs and feedback)
+    from Redis with the agent API's settings (ARLOOP_REDIS_URL, ARLOOP_USER_ID_KEY or
+    ARLOOP_SECRET_KEY); the learner then erases its own copy. Weights already trained on the
+    data are not retrained. The agent API's `DELETE /v1/users/{user_id}` does the same."""
+
+    def run() -> int:
+        from deploy.forget import main
+
+        return main(user, tenant)
+
+    raise typer.Exit(guarded("forget", run, "agents"))
+
+
 @app.command("stress")
 def stress(
     agent: str = typer.Option(None, "--agent", help="Only this agent (default: every served one)."),

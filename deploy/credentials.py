@@ -75,9 +75,8 @@ class ApiKey(BaseModel):
         return self
 
     def scoped(self, user: str) -> str:
-        """The user as this key's tenant knows it: `user` in the default tenant, `tenant:user`
-        otherwise (what `pseudonym` hashes; never stored as is)."""
-        return user if self.tenant == DEFAULT_TENANT else f"{self.tenant}:{user}"
+        """The user as this key's tenant knows it (`scoped_user`)."""
+        return scoped_user(self.tenant, user)
 
 
 class PolicyKey(BaseModel):
@@ -142,6 +141,12 @@ def key_weakness(key: str) -> str | None:
 
 
 # -- user ids as arloop stores them --------------------------------------------------------
+
+
+def scoped_user(tenant: str, user: str) -> str:
+    """`user` in the default tenant, `tenant:user` otherwise: what `pseudonym` hashes, never
+    stored as is."""
+    return user if tenant == DEFAULT_TENANT else f"{tenant}:{user}"
 
 
 def pseudonym(key: bytes, scoped_user: str) -> str:

@@ -12,6 +12,8 @@ with its new name, never silently ignored (a class's `renamed` table).
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import logging
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -259,7 +261,13 @@ class AgentApiSettings(PolicyEndpointSettings):
     the key to a tenant and an identity, e.g. `{"key": "...", "name": "web", "tenant": "acme",
     "identity": "signed"}` (see `deploy/credentials.py`)."""
     secret_key: str = DEV_SECRET
-    """Signs feedback tokens (HMAC-SHA256). Must be set outside development."""
+    """Seals feedback tokens (AES-256-GCM, key derived by HKDF). Must be set outside
+    development."""
+    user_id_key: SecretStr | None = None
+    """Keys the hash that stands for each user id wherever arloop stores or hands one out (Redis
+    key names, streams, exports, feedback tokens: `deploy.credentials.pseudonym`); unset: derived
+    from ARLOOP_SECRET_KEY. Set it before rotating ARLOOP_SECRET_KEY, to the key in use, or every
+    user's threads, memories and rate windows start over."""
     user_token_secret: SecretStr | None = None
     """Checks the `X-Arloop-User` tokens of keys with identity `signed` (HMAC-SHA256)."""
     user_header: str = "X-Forwarded-User"
@@ -277,8 +285,11 @@ class AgentApiSettings(PolicyEndpointSettings):
     """Agent packs to serve: built-in names, or `module:attr` for a team's own `Pack`."""
     max_input_chars: int = 8000
     """Longest user input a run accepts (422 above)."""
-    feedback_token_ttl_s: int = Field(7 * 24 * 3600, ge=60, le=MAX_TOKEN_TTL_S)
-    """How long a run's feedback token stays valid (at most 400 days)."""
+    feedback_token_ttl_s: int = Field(24 * 3600, ge=60, le=MAX_TOKEN_TTL_S)
+    """How long a run's feedback token stays valid (at most 400 days): a day by default, for the
+    people who rate a run while they remember it; raise it for late outcomes (a test result)."""
+    feedback_scores_per_run: int = Field(8, ge=0, le=64)
+    """Named scores (`kind: score`, each `key` once) one run's token may give; 409 beyond."""
     feedback_rate_per_minute: int = 60
     """Feedback events one user may send per minute before 429."""
     run_rate_per_minute: int = 120
@@ -307,6 +318,13 @@ class AgentApiSettings(PolicyEndpointSettings):
     """Per agent, its own model over its pack's (`AgentSpec.model`) and the process's, a JSON
     object: `{"triage": {"model": "anthropic/claude-3-5-haiku-latest", "fallbacks":
     [{"model": "openai/arloop", "api_base": "http://127.0.0.1:8001/v1"}]}}`."""
+
+    def pseudonym_key(self) -> bytes:
+        """The key of `deploy.credentials.pseudonym`: ARLOOP_USER_ID_KEY, else one derived from
+        ARLOOP_SECRET_KEY (so that a leaked pseudonym key does not open feedback tokens)."""
+        if self.user_id_key is not None:
+            return self.user_id_key.get_secret_value().encode()
+        return hmac.new(self.secret_key.encode(), b"arloop user ids", hashlib.sha256).digest()
 
     def _policy_calls(self) -> dict[str, Any]:
         return {
@@ -353,8 +371,11 @@ class AgentApiSettings(PolicyEndpointSettings):
                     f"API key {k.name!r} is too weak for production ({why}): replace it in "
                     f"ARLOOP_API_KEYS with a random one, e.g. `{HOW_TO_MAKE_ONE}`"
                 )
-        token = self.user_token_secret
-        why = token and weakness(token.get_secret_value(), SECRET_MIN_CHARS, SECRET_MIN_BITS)
-        if why:
-            out.append(f"ARLOOP_USER_TOKEN_SECRET is too weak ({why}): `{HOW_TO_MAKE_ONE}`")
+        for name, value in (
+            ("ARLOOP_USER_TOKEN_SECRET", self.user_token_secret),
+            ("ARLOOP_USER_ID_KEY", self.user_id_key),
+        ):
+            why = value and weakness(value.get_secret_value(), SECRET_MIN_CHARS, SECRET_MIN_BITS)
+            if why:
+                out.append(f"{name} is too weak ({why}): `{HOW_TO_MAKE_ONE}`")
         return out

@@ -101,6 +101,25 @@ class Store:
                 new += db.execute(*_insert(e, now)).rowcount
         return new
 
+    def forget_users(self, users: Sequence[str]) -> int:
+        """Delete the runs of these stored user ids and all feedback on them or from them (a
+        user's erasure, `agents.erasure`); the ledger keeps its event ids, so nothing counts
+        twice. Returns the rows deleted."""
+        deleted = 0
+        with self.transaction() as db:
+            for chunk in chunks(list(users), 500):
+                marks = _marks(chunk)
+                runs = f"SELECT event_id FROM trajectories WHERE user_id IN ({marks})"
+                deleted += db.execute(
+                    f"DELETE FROM feedback WHERE trajectory_id IN ({runs}) "
+                    f"OR json_extract(data, '$.user_id') IN ({marks})",
+                    chunk + chunk,
+                ).rowcount
+                deleted += db.execute(
+                    f"DELETE FROM trajectories WHERE user_id IN ({marks})", chunk
+                ).rowcount
+        return deleted
+
     # -- reads for episodes ----------------------------------------------------------------
 
     def due_trajectories(self, now: float, window_s: float, limit: int) -> list[TrajectoryEvent]:

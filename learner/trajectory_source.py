@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import redis
 
 from agents.events import (
+    FORGET_REQUESTS,
     LEARNER_GROUP,
     STREAM_DEAD,
     STREAM_FEEDBACK,
@@ -33,6 +34,10 @@ log = logging.getLogger(__name__)
 STREAMS = (STREAM_TRAJECTORIES, STREAM_FEEDBACK)
 Event = TrajectoryEvent | FeedbackEvent
 _EXPECTED = {STREAM_TRAJECTORIES: TrajectoryEvent, STREAM_FEEDBACK: FeedbackEvent}
+_DROP_REQUEST = """
+if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then return redis.call('HDEL', KEYS[1], ARGV[1]) end
+return 0
+"""
 
 
 @dataclass(frozen=True)
@@ -80,6 +85,7 @@ class TrajectorySource:
         self.block_ms, self.count = block_ms, count
         self._own_pending_done = False  # our PEL from a previous life is re-read first
         self._claim_cursor = {s: "0-0" for s in STREAMS}
+        self._drop_request = client.register_script(_DROP_REQUEST)
         self.dead_total = 0
 
     def ensure_groups(self) -> None:
@@ -219,6 +225,17 @@ class TrajectorySource:
         pipe.execute()
 
     # -- housekeeping ----------------------------------------------------------------------
+
+    def forget(self) -> int:
+        """Erase from the store the users whose erasure was asked (`agents.erasure`), then drop
+        each request unless it was asked again meanwhile; the rows deleted."""
+        asked = self.r.hgetall(FORGET_REQUESTS)
+        if not asked:
+            return 0
+        deleted = self.store.forget_users([_s(user) for user in asked])
+        for user, when in asked.items():
+            self._drop_request(keys=[FORGET_REQUESTS], args=[user, when])
+        return deleted
 
     def pending(self) -> int:
         """Entries delivered to the group and not yet acknowledged, both streams."""

@@ -44,6 +44,7 @@ from deploy.agent_api.schemas import (
 )
 from deploy.agent_api.services import open_services, phi_scrubber, score_rule_of
 from deploy.agent_api.streaming import router as streaming_router
+from deploy.agent_api.users import router as users_router
 from deploy.body_limit import BodyLimit
 from deploy.embedded_redis import ensure_redis
 from deploy.logs import bind, setup_logging
@@ -141,7 +142,7 @@ def create_app(
     app.add_middleware(FeedbackFastPath)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, error=_too_large)  # outermost
     install_error_handlers(app)
-    for routes in (router, streaming_router, history_router, pages_router):
+    for routes in (router, streaming_router, history_router, pages_router, users_router):
         app.include_router(routes)
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
     app.openapi = lambda: _openapi(app, [s.name for s in specs], settings.max_input_chars)

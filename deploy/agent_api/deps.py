@@ -12,7 +12,15 @@ from fastapi import Depends, Request
 from agents.errors import ArloopError
 from deploy.agent_api.errors import Unauthorized
 from deploy.agent_api.services import Services
-from deploy.credentials import USER, ApiKey, Identity, UserTokenError, verify_user_token
+from deploy.credentials import (
+    USER,
+    ApiKey,
+    Identity,
+    UserTokenError,
+    pseudonym,
+    tenant_of,
+    verify_user_token,
+)
 
 USER_TOKEN_HEADER = "X-Arloop-User"
 CREDENTIAL = "arloop.credential"
@@ -32,26 +40,37 @@ class Caller:
     """The credential a request came with, and the user its identity vouches for."""
 
     key: ApiKey
-    vouched: str | None = None
+    vouched: str | None
     """The user of a `user`, `signed` or `header` identity; None for `any`."""
-    services: Services | None = None
+    services: Services
     """The app's services (so a hot route needs no second dependency)."""
 
     def user(self, requested: str | None) -> str | None:
-        """The user id to act as (tenant-scoped): the vouched user, or the requested one for
-        an `any` key; 403 when the request names someone else than the vouched user."""
+        """The stored id of the user to act as (`pseudonym` of the tenant-scoped id): the vouched
+        user, or the requested one for an `any` key; 403 when the request names someone else
+        than the vouched user."""
         if self.vouched is None:
-            return None if requested is None else self.key.scoped(requested)
+            return None if requested is None else self._stored(requested)
         if requested is not None and requested != self.vouched:
             raise ArloopError(
                 403,
                 f"this API key acts as user {self.vouched!r} ({self.key.identity.value} "
                 f"identity); user_id {requested!r} is not theirs",
             )
-        return self.key.scoped(self.vouched)
+        return self._stored(self.vouched)
+
+    def sees(self, user_id: str) -> bool:
+        """Whether a stored user's runs and feedback are this caller's to read: its tenant's
+        (a backend's `any` key), or its one user's (a key that acts as one user)."""
+        if self.vouched is not None:
+            return user_id == self._stored(self.vouched)
+        return tenant_of(user_id) == self.key.tenant
 
     def rate_per_minute(self, default: int) -> int:
         return self.key.rate_per_minute or default
+
+    def _stored(self, user: str) -> str:
+        return pseudonym(self.services.user_key, self.key.scoped(user))
 
 
 async def require_api_key(request: Request) -> Caller:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import re
 from collections import defaultdict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -28,6 +28,8 @@ from agents.events import (
 )
 from deploy.agent_api.schemas import FeedbackItem, FeedbackPage
 
+Sees = Callable[[str], bool]
+"""Whether the caller may read a stored user's events (`deps.Caller.sees`)."""
 BATCH = 500
 SCAN_BATCHES = 10
 """A page reads at most this many batches: filters that match little return a short page
@@ -101,13 +103,15 @@ def parse_kind(value: str | None) -> FeedbackKind | None:
 async def feedback_page(
     client: aioredis.Redis,
     *,
+    sees: Sees,
     agent: str | None,
     since: str | None,
     kind: str | None,
     cursor: str | None,
     limit: int,
 ) -> FeedbackPage:
-    """Up to `limit` feedback events matching the filters, oldest first, and where to go on."""
+    """Up to `limit` feedback events the caller `sees` matching the filters, oldest first, and
+    where to go on."""
     start = parse_cursor(cursor) if cursor is not None else parse_since(since)
     wanted = parse_kind(kind)
     items: list[FeedbackItem] = []
@@ -116,7 +120,7 @@ async def feedback_page(
         for entry_id, fields in batch:
             start = "(" + _s(entry_id)
             event = _decoded(fields)
-            if not isinstance(event, FeedbackEvent):
+            if not isinstance(event, FeedbackEvent) or not sees(event.user_id):
                 continue
             if (wanted and event.kind is not wanted) or (agent and event.agent != agent):
                 continue
@@ -129,9 +133,15 @@ async def feedback_page(
 
 
 async def export_jsonl(
-    client: aioredis.Redis, *, agent: str | None, since: str | None, rated_only: bool
+    client: aioredis.Redis,
+    *,
+    sees: Sees,
+    agent: str | None,
+    since: str | None,
+    rated_only: bool,
 ) -> AsyncIterator[str]:
-    """One JSON line per run since `since`: `{"trajectory": {...}, "feedback": [...]}`.
+    """One JSON line per run the caller `sees` since `since`:
+    `{"trajectory": {...}, "feedback": [...]}`.
 
     Feedback always comes after its run, so the feedback since `since` holds all there is on
     the runs since then; it is read first, then the runs, joined by trajectory id.
@@ -139,10 +149,12 @@ async def export_jsonl(
     start = parse_since(since)
     feedback: dict[str, list[dict[str, Any]]] = defaultdict(list)
     async for _, event in _entries(client, STREAM_FEEDBACK, start):
-        if isinstance(event, FeedbackEvent):
+        if isinstance(event, FeedbackEvent) and sees(event.user_id):
             feedback[event.trajectory_id].append(event.model_dump(mode="json"))
     async for _, event in _entries(client, STREAM_TRAJECTORIES, start):
-        if not isinstance(event, TrajectoryEvent) or (agent and event.agent != agent):
+        if not isinstance(event, TrajectoryEvent) or not sees(event.user_id):
+            continue
+        if agent and event.agent != agent:
             continue
         mine = feedback.get(event.trajectory_id, [])
         if rated_only and not mine:

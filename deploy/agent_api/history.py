@@ -62,8 +62,7 @@ async def get_thread(
     caller: CallerDep,
 ) -> ThreadView:
     """A thread's messages, for its own user only (another user's thread is a 404)."""
-    user_id = caller.user(user_id)
-    found = await services.runtime.thread_messages(thread_id, user_id)
+    found = await services.runtime.thread_messages(thread_id, caller.user(user_id))
     if found is None:
         raise ArloopError(404, f"no thread {thread_id!r} for user {user_id!r}")
     record, messages = found
@@ -80,18 +79,25 @@ async def get_thread(
 @router.get("/v1/feedback", response_model=FeedbackPage, responses=errors(401, 404, 422, 503))
 async def list_feedback(
     services: ServicesDep,
-    _: CallerDep,
+    caller: CallerDep,
     agent: AgentName = None,
     since: Since = None,
     kind: Kind = None,
     cursor: Cursor = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
 ) -> FeedbackPage:
-    """Accepted feedback, oldest first, filtered by agent, time and kind; pages by `cursor`."""
+    """Accepted feedback on the caller's tenant's runs (or its one user's, for a key that acts as
+    one user), oldest first, filtered by agent, time and kind; pages by `cursor`."""
     if agent is not None:
         services.runtime.spec(agent)  # 404 naming the agents this service runs
     return await feedback_page(
-        services.redis, agent=agent, since=since, kind=kind, cursor=cursor, limit=limit
+        services.redis,
+        sees=caller.sees,
+        agent=agent,
+        since=since,
+        kind=kind,
+        cursor=cursor,
+        limit=limit,
     )
 
 
@@ -105,16 +111,19 @@ async def list_feedback(
 )
 async def export_feedback(
     services: ServicesDep,
-    _: CallerDep,
+    caller: CallerDep,
     agent: AgentName = None,
     since: Since = None,
     rated_only: bool = False,
 ) -> StreamingResponse:
-    """Every logged run since `since` with its feedback, one JSON object per line:
+    """Every logged run of the caller's tenant (or its one user) since `since` with its
+    feedback, one JSON object per line:
     `{"trajectory": <TrajectoryEvent>, "feedback": [<FeedbackEvent>, ...]}`."""
     if agent is not None:
         services.runtime.spec(agent)
-    lines = export_jsonl(services.redis, agent=agent, since=since, rated_only=rated_only)
+    lines = export_jsonl(
+        services.redis, sees=caller.sees, agent=agent, since=since, rated_only=rated_only
+    )
     first = await anext(lines, None)  # a bad `since` is a 422 here, before the 200 starts
 
     async def body():

@@ -48,6 +48,7 @@ async def take_feedback(caller: Caller, body: FeedbackRequest) -> JSONResponse:
             caller.key.name,
             caller.rate_per_minute(services.settings.key_rate_per_minute),
             key=body.key,
+            tenant=caller.key.tenant,
         )
         event_id = await services.intake.accept(submission)
     except Exception as exc:

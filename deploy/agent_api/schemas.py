@@ -290,6 +290,18 @@ class ThreadView(BaseModel):
     messages: list[ThreadMessage]
 
 
+class ErasedView(BaseModel):
+    """`DELETE /v1/users/{user_id}`: what was erased."""
+
+    user_id: str
+    threads: int
+    """Threads removed, with their checkpoints."""
+    memories: int
+    """Long-term memory lists removed."""
+    events: int
+    """Runs and feedback removed from the streams (the learner erases its own copy)."""
+
+
 class FeedbackItem(BaseModel):
     """One accepted piece of feedback, as the feedback stream holds it."""
 

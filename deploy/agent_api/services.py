@@ -31,6 +31,8 @@ class Services:
     metrics: ApiMetrics
     reader: redis.Redis | None = None
     """A blocking client for the dashboard's reads (run in a worker thread)."""
+    user_key: bytes = b""
+    """The key of the user ids' pseudonyms (`AgentApiSettings.pseudonym_key`)."""
     tally: Tally = field(default_factory=Tally)
     """Live traffic and report-card counts, read from the streams as the dashboard polls."""
     background: set[asyncio.Task] = field(default_factory=set)
@@ -72,9 +74,19 @@ def open_services(
         settings.feedback_rate_per_minute,
         scrub,
         score_rule or score_rule_of([]),
+        scores_per_run=settings.feedback_scores_per_run,
     )
     reader = redis.Redis.from_url(redis_url, **settings.redis_options(redis_url), **timeouts)
-    return Services(settings, client, runtime, intake, RateLimiter(client), metrics, reader)
+    return Services(
+        settings,
+        client,
+        runtime,
+        intake,
+        RateLimiter(client),
+        metrics,
+        reader,
+        user_key=settings.pseudonym_key(),
+    )
 
 
 def score_rule_of(packs: list[Pack]) -> ScoreRule:

@@ -208,6 +208,7 @@ class Learner:
         """One batch from the streams into the store (and a trim now and then); caught up?"""
         try:
             result = self.source.poll()
+            self.source.forget()  # after the poll: what it read of an erased user goes too
             if time.monotonic() - self._last_trim > self.s.trim_interval_s:
                 self.source.trim()
                 self._last_trim = time.monotonic()

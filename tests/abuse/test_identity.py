@@ -54,7 +54,7 @@ def test_a_key_bound_to_one_user_cannot_speak_for_another(api, redis_client):
     other = as_key(api, "k-alice", {"input": "hi", "user_id": "bob"})
     assert own.status_code == 200
     assert other.status_code == 403 and "acts as user 'alice'" in other.json()["detail"]
-    assert logged_users(redis_client) == ["alice"]
+    assert logged_users(redis_client) == [api.stored("alice")]
 
 
 def test_a_signed_user_token_names_the_user_and_nothing_else_does(api, redis_client):
@@ -68,7 +68,7 @@ def test_a_signed_user_token_names_the_user_and_nothing_else_does(api, redis_cli
     mallory = as_key(api, "k-app", {"input": "hi", "user_id": "dave"}, **{"X-Arloop-User": good})
     assert mallory.status_code == 403
     assert as_key(api, "k-app", body, **{"X-Arloop-User": good}).status_code == 200
-    assert logged_users(redis_client) == ["acme:carol"]  # tenant-scoped
+    assert logged_users(redis_client) == [api.stored("carol", "acme")]  # tenant-scoped
 
 
 def test_tenants_never_share_a_user(api, redis_client):
@@ -89,7 +89,7 @@ def test_tenants_never_share_a_user(api, redis_client):
         "/v1/agents/tutor/runs", json={"input": "hi", "user_id": "u1"}, headers=beta
     )
     assert ran.status_code == 200
-    assert logged_users(redis_client) == ["acme:u1", "beta:u1"]
+    assert logged_users(redis_client) == [api.stored("u1", "acme"), api.stored("u1", "beta")]
 
 
 def test_feedback_is_bound_to_the_same_user_and_counted_per_key(api, start_api, redis_client):
@@ -108,7 +108,7 @@ def test_feedback_is_bound_to_the_same_user_and_counted_per_key(api, start_api, 
     assert given.status_code == 202
     [(_, fields)] = redis_client.xrange(STREAM_FEEDBACK)
     event = decode(fields)
-    assert (event.user_id, event.credential) == ("alice", "alice-phone")
+    assert (event.user_id, event.credential) == (api.stored("alice"), "alice-phone")
 
 
 def test_feedback_of_one_key_for_many_users_meets_the_keys_limit(start_api, llm):

@@ -12,6 +12,7 @@ from fastapi import FastAPI
 
 from agents.runtime import AgentSpec
 from deploy.agent_api.app import create_app
+from deploy.credentials import pseudonym, scoped_user
 from deploy.settings import AgentApiSettings
 from tests.fakes.servers import ServerThread
 from tests.fakes.tools import Add, ExpectVerifier
@@ -55,6 +56,10 @@ class Api:
         services = self.app.state.services
         held = (time.time() // 60) * 60 + 30.0
         services.limiter.clock = services.intake.clock = lambda: held
+
+    def stored(self, user: str, tenant: str = "default") -> str:
+        """The id arloop stores for `user` of `tenant` (its pseudonym under this API's key)."""
+        return pseudonym(self.settings.pseudonym_key(), scoped_user(tenant, user))
 
     def run(self, text: str, user: str = "u1", agent: str = "tutor", **extra) -> httpx.Response:
         return self.http.post(

@@ -133,3 +133,34 @@ def test_trim_keeps_what_any_group_has_not_acknowledged(redis_client, store):
     redis_client.xack(STREAM_FEEDBACK, "audit", *[i for i, _ in rest[0][1]])
     assert source.trim()[STREAM_FEEDBACK] == 2
     assert redis_client.xlen(STREAM_FEEDBACK) == 0
+
+
+def test_an_erased_user_leaves_the_store_and_a_later_request_is_kept(redis_client, store):
+    """Issue 36: `agents.erasure` asks the learner to erase its copy; the source does it after
+    a poll and drops the request, unless the request was made again meanwhile."""
+    from agents.events import FORGET_REQUESTS
+
+    source = _source(redis_client, store)
+    gone, kept = trajectory(user="u_gone"), trajectory(user="u_kept")
+    for t in (gone, kept):
+        xadd(redis_client, t)
+        xadd(redis_client, feedback(t.event_id, user=t.user_id))
+    _drain(source)
+    assert store.counts() == {"trajectories/open": 2, "feedback/open": 2}
+    redis_client.hset(FORGET_REQUESTS, "u_gone", "1.0")
+    assert source.forget() == 2  # the run and its feedback
+    assert store.counts() == {"trajectories/open": 1, "feedback/open": 1}
+    assert store.has_event(kept.event_id) and not store.has_event(gone.event_id)
+    assert redis_client.hlen(FORGET_REQUESTS) == 0
+    assert source.forget() == 0  # nothing asked: no work
+
+    redis_client.hset(FORGET_REQUESTS, "u_kept", "2.0")
+    asked_again = source._drop_request  # the request is renewed while the store erases
+
+    def renewed(keys, args):
+        redis_client.hset(FORGET_REQUESTS, "u_kept", "3.0")
+        return asked_again(keys=keys, args=args)
+
+    source._drop_request = renewed
+    source.forget()
+    assert redis_client.hget(FORGET_REQUESTS, "u_kept") == b"3.0"  # kept for the next poll

@@ -65,24 +65,23 @@ def texts(value) -> list[str]:
     return [str(value)] if value is not None else []
 
 
-async def what_redis_holds(url: str, users: int) -> list[str]:
-    """Per patient: trajectory, feedback, thread state (read back through the checkpointer)
-    and long-term memory, as text."""
+async def what_redis_holds(url: str, stored: list[str]) -> list[str]:
+    """Per patient (`stored`: their user ids as arloop stores them): trajectory, feedback,
+    thread state (read back through the checkpointer) and long-term memory, as text."""
     client = aioredis.Redis.from_url(url, socket_timeout=PATIENT_S)
+    users = len(stored)
     found: list[list[str]] = [[] for _ in range(users)]
     try:
         for stream in (STREAM_TRAJECTORIES, STREAM_FEEDBACK):
             for _, fields in await client.xrange(stream):
                 event = decode(fields)
-                found[int(event.user_id.removeprefix("patient-"))] += texts(
-                    event.model_dump(mode="json")
-                )
+                found[stored.index(event.user_id)] += texts(event.model_dump(mode="json"))
         saver = make_checkpointer(client)
         for i in range(users):
             state = await saver.aget_tuple({"configurable": {"thread_id": f"th-phi-{i}"}})
             assert state is not None, f"thread th-phi-{i} has no checkpoint"
             found[i] += texts(state.checkpoint["channel_values"])
-            async for key in client.scan_iter(match=f"{MEMORY_PREFIX}:patient-{i}:*"):
+            async for key in client.scan_iter(match=f"{MEMORY_PREFIX}:{stored[i]}:*"):
                 found[i] += [v.decode() for v in await client.lrange(key, 0, -1)]
         return ["\n".join(f) for f in found]
     finally:
@@ -113,7 +112,8 @@ def test_no_raw_identifier_reaches_redis(start_api, llm, redis_client):
     assert redis_client.xlen(STREAM_TRAJECTORIES) == len(PATIENTS)
     assert redis_client.xlen(STREAM_FEEDBACK) == len(PATIENTS)
     leaked = []
-    holds = asyncio.run(what_redis_holds(api.settings.redis_url, len(PATIENTS)))
+    stored = [api.stored(f"patient-{i}") for i in range(len(PATIENTS))]
+    holds = asyncio.run(what_redis_holds(api.settings.redis_url, stored))
     for record, held in zip(PATIENTS, holds, strict=True):
         assert "[" in held and "kb_search" in held  # the run landed, scrubbed
         leaked += [

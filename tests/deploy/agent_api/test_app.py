@@ -63,7 +63,7 @@ def test_run_lands_in_redis_exactly_and_feedback_follows(start_api, llm, redis_c
     assert (event.input, event.output, event.user_id, event.agent) == (
         "What is 2+3?",
         "5",
-        "u1",
+        api.stored("u1"),
         "tutor",
     )
     credential = plain_key(API_KEY)["name"]  # the API key that started it, by name
@@ -80,7 +80,7 @@ def test_run_lands_in_redis_exactly_and_feedback_follows(start_api, llm, redis_c
     claims = verify(SECRET, body["feedback_token"])
     assert (claims.trajectory_id, claims.user_id, claims.policy_version) == (
         event.trajectory_id,
-        "u1",
+        api.stored("u1"),
         "v4",
     )
     token = body["feedback_token"]
@@ -106,7 +106,11 @@ def test_run_lands_in_redis_exactly_and_feedback_follows(start_api, llm, redis_c
     )
     assert fix.status_code == 202
     thumbs, correction = stream(redis_client, STREAM_FEEDBACK)
-    assert isinstance(thumbs, FeedbackEvent) and thumbs.value == 1 and thumbs.user_id == "u1"
+    assert (
+        isinstance(thumbs, FeedbackEvent)
+        and thumbs.value == 1
+        and thumbs.user_id == api.stored("u1")
+    )
     assert thumbs.credential == credential
     assert thumbs.policy_version == "v4" and thumbs.event_id == up.json()["event_id"]
     assert (correction.kind.value, correction.text, correction.turn) == (

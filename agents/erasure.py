@@ -1,0 +1,107 @@
+"""Erase one user's data from Redis: threads (records and LangGraph checkpoints), long-term
+memory, rate windows, and their events in the streams; then ask the learner to erase its copy.
+
+The request is recorded last (`FORGET_REQUESTS`: stored user id -> when): by then the user's
+events are gone from the streams, so whatever the learner read of them is already in its store
+when it reads the request and erases them there (`learner.store.Store.forget_users`). A call
+that stops midway is safe to repeat. What a released policy already learned from the user stays
+in its weights: erasure removes the data, it does not retrain.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass
+
+import redis.asyncio as aioredis
+
+from agents.checkpoints import make_checkpointer
+from agents.events import (
+    FORGET_REQUESTS,
+    MEMORY_PREFIX,
+    RATE_PREFIX,
+    STREAM_DEAD,
+    STREAM_FEEDBACK,
+    STREAM_TRAJECTORIES,
+    THREAD_PREFIX,
+)
+
+SCAN_COUNT = 1000
+STREAMS = (STREAM_TRAJECTORIES, STREAM_FEEDBACK, STREAM_DEAD)
+
+
+@dataclass(frozen=True)
+class Erased:
+    """What `forget_user` removed."""
+
+    threads: int
+    memories: int
+    events: int
+
+    def view(self) -> dict[str, int]:
+        return asdict(self)
+
+
+async def forget_user(client: aioredis.Redis, user_id: str) -> Erased:
+    """Remove everything Redis holds of `user_id` (the stored id, `deploy.credentials.pseudonym`)
+    and record the request for the learner."""
+    threads = await _threads_of(client, user_id)
+    checkpoints = make_checkpointer(client)
+    for thread_id in threads:
+        await checkpoints.adelete_thread(thread_id)
+        await client.delete(f"{THREAD_PREFIX}:{thread_id}", f"{THREAD_PREFIX}:{thread_id}:lock")
+    memories = await _delete_matching(client, f"{MEMORY_PREFIX}:{user_id}:*")
+    await _delete_matching(client, f"{RATE_PREFIX}:*:{user_id}:*")
+    events = 0
+    for stream in STREAMS:
+        events += await _delete_entries(client, stream, json.dumps(user_id).encode())
+    await client.hset(FORGET_REQUESTS, user_id, f"{time.time():.3f}")
+    return Erased(threads=len(threads), memories=memories, events=events)
+
+
+async def _threads_of(client: aioredis.Redis, user_id: str) -> list[str]:
+    """The ids of the threads whose record names `user_id` (a scan: erasure is rare)."""
+    prefix = f"{THREAD_PREFIX}:"
+    keys = [
+        _s(k)
+        async for k in client.scan_iter(match=f"{prefix}*", count=SCAN_COUNT)
+        if not _s(k).endswith(":lock")
+    ]
+    owners = []
+    for start in range(0, len(keys), SCAN_COUNT):
+        async with client.pipeline(transaction=False) as pipe:
+            for key in keys[start : start + SCAN_COUNT]:
+                pipe.hget(key, "user")
+            owners += await pipe.execute()
+    return [k[len(prefix) :] for k, o in zip(keys, owners, strict=True) if o and _s(o) == user_id]
+
+
+async def _delete_matching(client: aioredis.Redis, pattern: str) -> int:
+    keys = [k async for k in client.scan_iter(match=pattern, count=SCAN_COUNT)]
+    for start in range(0, len(keys), SCAN_COUNT):
+        await client.delete(*keys[start : start + SCAN_COUNT])
+    return len(keys)
+
+
+async def _delete_entries(client: aioredis.Redis, stream: str, quoted_user: bytes) -> int:
+    """XDEL every entry whose event names the user (its JSON holds `"<user id>"`: pseudonyms
+    are unique strings, and a poison entry that does not parse is matched all the same)."""
+    start, deleted = "-", 0
+    while True:
+        batch = await client.xrange(stream, min=start, count=SCAN_COUNT)
+        mine = [entry_id for entry_id, fields in batch if quoted_user in _data(fields)]
+        if mine:
+            deleted += await client.xdel(stream, *mine)
+        if len(batch) < SCAN_COUNT:
+            return deleted
+        start = "(" + _s(batch[-1][0])
+
+
+def _data(fields: dict) -> bytes:
+    value = fields.get(b"data", fields.get("data", b""))
+    return value if isinstance(value, bytes) else value.encode()
+
+
+def _s(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
