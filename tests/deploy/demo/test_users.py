@@ -101,7 +101,7 @@ def test_students_rate_right_answers_up_and_wrong_ones_down(start_api, llm, tuto
             assert got[v.trajectory_id] == {"thumbs": 1, "rating": 5, "outcome": 1.0}
     runs = {t.event_id: t for t in stream(redis_client, STREAM_TRAJECTORIES)}
     assert set(runs) == {v.trajectory_id for v in visits}
-    assert all(runs[v.trajectory_id].user_id == v.user_id for v in visits)
+    assert all(runs[v.trajectory_id].user_id == api.stored(v.user_id) for v in visits)
 
 
 def test_a_missed_tool_and_padding_each_cost_a_star(start_api, llm, tutoring):

@@ -71,7 +71,7 @@ def test_a_person_asks_sees_the_answer_stream_in_and_gives_a_thumbs_up(
         1,
         "tutor",
     )
-    assert thumbs.user_id == run.user_id == page.evaluate("arloop.user()")
+    assert thumbs.user_id == run.user_id == api.stored(page.evaluate("arloop.user()"))
     assert page.locator(".msg.assistant .thumbs-down").is_disabled()  # one judgement per answer
 
 
