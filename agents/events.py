@@ -36,6 +36,7 @@ MEMORY_PREFIX = "arloop:memory"  # lists per user and task kind: reflections, fa
 FEEDBACK_SEEN_PREFIX = "arloop:feedback:seen"  # replay markers per trajectory and kind
 FEEDBACK_SCORES_PREFIX = "arloop:feedback:scores"  # named scores taken per trajectory
 RATE_PREFIX = "arloop:rate"  # per-user rate-limit windows
+HEALTH_KEY = "arloop:health:agents"  # the agent API's /healthz writes it: does Redis take writes?
 FORGET_REQUESTS = "arloop:forget"  # hash: stored user id -> when its erasure was asked
 
 

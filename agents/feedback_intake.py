@@ -49,8 +49,8 @@ ScoreRule = Callable[[str | None, str, float], float | None]
 # KEYS: the user's rate window, replay marker, stream, the credential's rate window, the run's
 # count of named scores.
 # ARGV: user limit, window s, marker ttl s, marker value (event id|nonce), credential limit
-# (0: none), named scores a run may take (0: not a named score), then the stream entry's
-# field/value pairs.
+# (0: none), named scores a run may take (0: not a named score), the stream's MAXLEN ~ (0: none),
+# then the stream entry's field/value pairs.
 _ACCEPT = """
 local seen = redis.call('GET', KEYS[2])
 if seen == ARGV[4] then return {'again', seen} end
@@ -79,7 +79,12 @@ local function undo(err)
 end
 local marked = redis.pcall('SET', KEYS[2], ARGV[4], 'EX', ARGV[3], 'NX')
 if type(marked) == 'table' and marked.err then return undo(marked.err) end
-local id = redis.pcall('XADD', KEYS[3], '*', unpack(ARGV, 7))
+local id
+if tonumber(ARGV[7]) > 0 then
+  id = redis.pcall('XADD', KEYS[3], 'MAXLEN', '~', ARGV[7], '*', unpack(ARGV, 8))
+else
+  id = redis.pcall('XADD', KEYS[3], '*', unpack(ARGV, 8))
+end
 if type(id) == 'table' and id.err then
   redis.call('DEL', KEYS[2])
   return undo(id.err)
@@ -131,10 +136,12 @@ class FeedbackIntake:
         score_reward: ScoreRule | None = None,
         clock: Callable[[], float] = time.time,
         scores_per_run: int = 8,
+        max_entries: int | None = None,
     ) -> None:
         self.secret = secret
         self.rate_per_minute = rate_per_minute
         self.scores_per_run = scores_per_run  # named scores one run (one token) may take
+        self.max_entries = max_entries  # the stream's XADD MAXLEN ~ (None: unbounded)
         self.clock = clock  # seconds since the epoch: its minute is the rate window
         self.scrub = scrub  # a correction's text is user text: PHI scrubbed before Redis
         self.score_reward = score_reward  # None: named scores are kept but not learned from
@@ -203,7 +210,8 @@ class FeedbackIntake:
         fields = [x for pair in encode(event).items() for x in pair]
         ttl = marker_ttl(claims, now)
         scores = self.scores_per_run if event.kind is FeedbackKind.SCORE else 0
-        args = [self.rate_per_minute, 120, ttl, marker, key_limit, scores, *fields]
+        cap = self.max_entries or 0
+        args = [self.rate_per_minute, 120, ttl, marker, key_limit, scores, cap, *fields]
         status, detail = (_str(v) for v in await self._accept(keys=keys, args=args))
         if status == "error":
             raise FeedbackRejected(

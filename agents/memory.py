@@ -47,10 +47,12 @@ class LongTermMemory:
         *,
         max_items: int = 200,
         scrub: Callable[[str], str] | None = None,
+        ttl_s: int | None = None,
     ) -> None:
         self.client = client
         self.max_items = max_items
         self.scrub = scrub
+        self.ttl_s = ttl_s  # a user's list expires this long after its last write
 
     def key(self, user_id: str, task_kind: str | None, kind: MemoryKind) -> str:
         return f"{MEMORY_PREFIX}:{user_id}:{task_kind or 'default'}:{kind}"
@@ -64,7 +66,10 @@ class LongTermMemory:
         entry = json.dumps({"text": text, "created_at": time.time(), "source": source})
         key = self.key(user_id, task_kind, kind)
         async with self.client.pipeline(transaction=True) as pipe:
-            await pipe.lpush(key, entry).ltrim(key, 0, self.max_items - 1).execute()
+            pipe.lpush(key, entry).ltrim(key, 0, self.max_items - 1)
+            if self.ttl_s:
+                pipe.expire(key, self.ttl_s)
+            await pipe.execute()
 
     async def recall(
         self, user_id: str, task_kind: str | None, kind: MemoryKind, query: str, k: int = 3

@@ -134,6 +134,7 @@ class AgentRuntime:
         self.sink = sink
         self.memory = memory
         self.durability = durability if checkpointer is not None else None
+        self.checkpointer = checkpointer
         self.agents = {s.name: self._compile(s, checkpointer, policy) for s in specs}
 
     @classmethod
@@ -150,6 +151,8 @@ class AgentRuntime:
         memory_max_items: int = 200,
         rng: random.Random | None = None,
         durability: Literal["sync", "async", "exit"] = "exit",
+        memory_ttl_s: int | None = None,
+        stream_max_entries: int | None = None,
     ) -> AgentRuntime:
         """The runtime with everything on one Redis: threads, checkpoints, memory, sink."""
         threads = Threads(
@@ -163,9 +166,11 @@ class AgentRuntime:
             specs,
             policy=policy_client(policy, client),  # vLLM adapters or the plain client
             threads=threads,
-            sink=TrajectorySink(client, scrub),
+            sink=TrajectorySink(client, scrub, max_entries=stream_max_entries),
             checkpointer=make_checkpointer(client, thread_ttl_s),
-            memory=LongTermMemory(client, max_items=memory_max_items, scrub=scrub),
+            memory=LongTermMemory(
+                client, max_items=memory_max_items, scrub=scrub, ttl_s=memory_ttl_s
+            ),
             durability=durability,
         )
 
@@ -225,17 +230,22 @@ class AgentRuntime:
             state = await entry.graph.ainvoke(
                 start, config, context=ctx, durability=self.durability
             )
-        except asyncio.CancelledError:
+        except asyncio.CancelledError:  # logged as cancelled: its thread stays, emptied of it
             await self._forget_failed_run(entry, config, start["messages"][0].id)
             await asyncio.gather(self.sink.write(self._cancelled(run)), self._release(lease))
             raise
         except BaseException:
-            await self._forget_failed_run(entry, config, start["messages"][0].id)
+            await self._undo(entry, config, start["messages"][0].id, lease)
             await self._release(lease)
             raise
         event = self._trajectory(run, state)
-        # Independent round trips, overlapped: the XADD still lands before we answer.
-        await asyncio.gather(self.sink.write(event), self._release(lease))
+        try:
+            await self.sink.write(event)
+        except BaseException:  # Redis refused the log (full, read-only): the run did not happen
+            await self._undo(entry, config, start["messages"][0].id, lease)
+            raise
+        finally:
+            await self._release(lease)
         return event
 
     async def first_call(
@@ -293,6 +303,19 @@ class AgentRuntime:
             "configurable": {"thread_id": lease.thread_id},
             "recursion_limit": entry.recursion_limit,
         }
+
+    async def _undo(self, entry: _Agent, config: dict, first_id: str, lease: ThreadLease) -> None:
+        """A failed run leaves no trace in its thread: a thread it started is deleted (its
+        record and checkpoints: deletions, which a full Redis still takes), and one it
+        continued loses the messages the run added."""
+        if not lease.new:
+            return await self._forget_failed_run(entry, config, first_id)
+        try:
+            if self.checkpointer is not None:
+                await self.checkpointer.adelete_thread(lease.thread_id)
+            await self.threads.client.delete(self.threads.key(lease.thread_id))
+        except Exception:  # noqa: BLE001 -- Redis down too: the run's own error is the answer
+            log.warning("could not delete the failed run's new thread %s", lease.thread_id)
 
     async def _forget_failed_run(self, entry: _Agent, config: dict, first_id: str) -> None:
         """A failed run leaves its thread as it was: drop the messages it added."""

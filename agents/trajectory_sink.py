@@ -25,17 +25,24 @@ class TrajectorySink:
     """Writes finished runs to `STREAM_TRAJECTORIES` or another stream (scrubbed when asked)."""
 
     def __init__(
-        self, client: aioredis.Redis, scrub: Scrub | None = None, stream: str = STREAM_TRAJECTORIES
+        self,
+        client: aioredis.Redis,
+        scrub: Scrub | None = None,
+        stream: str = STREAM_TRAJECTORIES,
+        max_entries: int | None = None,
     ) -> None:
         self.client = client
         self.scrub = CleanTexts(scrub) if scrub is not None else None
         self.stream = stream  # eval runs go to STREAM_EVAL_TRAJECTORIES: the learner never reads it
+        self.max_entries = max_entries  # XADD MAXLEN ~: the oldest entries go past it
 
     async def write(self, event: TrajectoryEvent) -> str:
         """XADD the event; returns the stream entry id."""
         if self.scrub is not None:  # CPU-heavy (presidio): off the event loop
             event = await asyncio.to_thread(scrub_trajectory, event, self.scrub)
-        entry_id = await self.client.xadd(self.stream, encode(event))
+        entry_id = await self.client.xadd(
+            self.stream, encode(event), maxlen=self.max_entries, approximate=True
+        )
         return entry_id.decode() if isinstance(entry_id, bytes) else entry_id
 
 

@@ -307,6 +307,14 @@ class AgentApiSettings(PolicyEndpointSettings):
     or after every step (`async`/`sync`, resumable mid-run)."""
     memory_max_items: int = 200
     """Reflections (and facts) kept per user, task kind and kind; the oldest fall off."""
+    memory_ttl_s: int | None = Field(180 * 24 * 3600, ge=60)
+    """A user's long-term memory (per task kind and kind) expires this long after its last
+    write; unset keeps it until the user is erased (`arloop forget`)."""
+    stream_max_entries: int | None = Field(200_000, ge=1000)
+    """Runs (and, apart, feedback) the streams keep (XADD MAXLEN ~): the learner trims what it
+    has read, so this bounds Redis when the learner stops. Past it the oldest entries go,
+    read or not: the learner counts those it never read (`trimmed_unread` on the dashboard,
+    `arloop_learner_trimmed_unread` on its /metrics). Unset: unbounded."""
     redis_timeout_s: float = 5.0
     """Socket timeout for Redis; a Redis that does not answer in time is a 503."""
     # -- models per agent and fallbacks (agents/model_routes.py) --

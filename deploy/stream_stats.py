@@ -4,6 +4,12 @@ Read straight from Redis (XINFO, XRANGE, XLEN: Redis 6.2 commands), so the agent
 dashboard sees a learner that has stopped reading, and the learner exports the same figures
 on its /metrics. Redis 6.2's XINFO GROUPS has no `lag`: the entries after the group's
 last-delivered id are counted with XRANGE, up to `LAG_CAP`.
+
+Retention (`ARLOOP_STREAM_MAX_ENTRIES`, XADD MAXLEN ~) drops the oldest entries whether the
+learner read them or not. Entries it never read are counted on Redis 7 and later from the
+stream's `entries-added` and the group's `entries-read`, while the stream's first entry lies
+past the group's last-delivered id (after that, the learner has read on and the gap is
+history: the learner logs it when it sees it). Redis 6.2 keeps neither counter: None there.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ class StreamStats:
     lag_seconds: float  # age of the oldest undelivered entry (0 when none)
     pending: int  # delivered, not yet acknowledged
     group: bool  # the learner's group exists (a learner has started once)
+    trimmed_unread: int | None = None  # entries dropped before the learner read them (Redis 7+)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -48,6 +55,7 @@ def stream_stats(client: redis.Redis, stream: str, now: float | None = None) -> 
     last = _s(group["last-delivered-id"]) if group else "0-0"
     undelivered = client.xrange(stream, min=f"({last}", count=LAG_CAP + 1)
     lag = min(len(undelivered), LAG_CAP)
+    first = client.xrange(stream, count=1)
     oldest = _ms(_s(undelivered[0][0])) / 1000 if undelivered else now
     return StreamStats(
         stream=stream,
@@ -57,7 +65,22 @@ def stream_stats(client: redis.Redis, stream: str, now: float | None = None) -> 
         lag_seconds=max(0.0, now - oldest),
         pending=int(group["pending"]) if group else 0,
         group=group is not None,
+        trimmed_unread=_trimmed_unread(client, stream, group, length, first, last),
     )
+
+
+def _trimmed_unread(
+    client: redis.Redis, stream: str, group: dict | None, length: int, first: list, last: str
+) -> int | None:
+    """Entries the group never read that are gone from the stream (see the module docstring)."""
+    if group is None or group.get("entries-read") is None:
+        return None if group is None or "entries-read" not in group else 0
+    if not first or _key(_s(first[0][0])) <= _key(last):
+        return 0  # the stream still starts at or before what the group read: no gap now
+    added = client.xinfo_stream(stream).get("entries-added")
+    if added is None:
+        return None
+    return max(0, int(added) - int(group["entries-read"]) - length)
 
 
 def all_stats(client: redis.Redis) -> dict[str, Any]:
@@ -68,6 +91,11 @@ def all_stats(client: redis.Redis) -> dict[str, Any]:
         "dead_letters": int(client.xlen(STREAM_DEAD)),
         "at": now,
     }
+
+
+def _key(entry_id: str) -> tuple[int, int]:
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
 
 
 def _ms(entry_id: str) -> int:

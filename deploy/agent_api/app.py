@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from agents.events import new_id
+from agents.events import HEALTH_KEY, new_id
 from agents.model_routes import ModelRoute, ModelRouteError
 from agents.packs.base import Pack
 from agents.policy_client import warm_up
@@ -67,10 +67,11 @@ async def feedback(body: FeedbackRequest, caller: CallerDep) -> JSONResponse:
     return await take_feedback(caller, body)
 
 
-@router.get("/healthz", responses=errors(503))
+@router.get("/healthz", responses=errors(500, 503))
 async def healthz(services: ServicesDep) -> dict[str, str]:
-    """200 when Redis answers; 503 with the reason when it does not."""
-    await services.redis.ping()
+    """200 when Redis takes a write; 503 with the reason when it is down or refuses writes
+    (full, read-only, a cluster node that holds another part): a run could not be logged."""
+    await services.redis.set(HEALTH_KEY, "1", px=10_000)
     return {"status": "ok", "redis": "ok"}
 
 

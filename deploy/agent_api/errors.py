@@ -1,8 +1,9 @@
 """How failures become answers: `{"detail": reason}` with a status, never a bare 500 for bad input.
 
 One handler answers every `ArloopError` (tokens, threads, feedback, rate limits, unknown agents,
-the policy endpoint's 502/504); Redis being down is a 503 through the same answer, and a command
-Redis refused a 500 naming it. Bodies that do not validate keep FastAPI's 422 shape, with each
+the policy endpoint's 502/504); Redis being down, full (OOM), read-only or a cluster node that
+points elsewhere is a 503 saying which, and another command Redis refused a 500 naming its kind:
+never Redis's own message, which names internal keys (the operator's log has it). Bodies that do not validate keep FastAPI's 422 shape, with each
 echoed input made safe to send: FastAPI's own handler echoes NaN, Infinity or a lone surrogate
 as it came and then fails to serialise it (a 500 for bad input).
 """
@@ -14,6 +15,7 @@ import math
 from typing import Any
 
 import redis
+import redis.exceptions as redis_errors
 from fastapi import FastAPI, Request
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
@@ -48,12 +50,53 @@ async def arloop_error(request: Request, exc: ArloopError) -> JSONResponse:
 
 async def redis_down(request: Request, exc: redis.RedisError) -> JSONResponse:
     log.warning("redis failed: %s: %s", type(exc).__name__, exc)
+    return _answer(request, redis_refusal(exc))
+
+
+CLUSTER_REPLIES = (
+    redis_errors.AskError,  # MOVED too
+    redis_errors.ClusterCrossSlotError,
+    redis_errors.TryAgainError,
+)
+REFUSALS: tuple[tuple[type[redis.RedisError], str], ...] = (
+    (
+        redis_errors.OutOfMemoryError,
+        "Redis is full (maxmemory reached) and refuses writes: nothing was written; retry "
+        "later (the operator raises maxmemory or lowers ARLOOP_STREAM_MAX_ENTRIES)",
+    ),
+    (
+        redis_errors.ReadOnlyError,
+        "Redis is a read-only replica (a failover is under way or ARLOOP_REDIS_URL names a "
+        "replica): nothing was written; retry shortly",
+    ),
+    (
+        redis_errors.MasterDownError,
+        "Redis has lost its primary: nothing was written; retry shortly",
+    ),
+    (
+        redis_errors.ClusterError,
+        "Redis is a cluster and this node holds another part of it: this process talks to "
+        "one Redis (ARLOOP_REDIS_URL must name a standalone server)",
+    ),
+    (redis_errors.ResponseError, ""),
+)
+"""Redis's refusals that are a 503 (retry later, nothing written), by class; the last entry
+catches the rest (a 500)."""
+
+
+def redis_refusal(exc: redis.RedisError) -> ArloopError:
+    """The answer to a Redis failure: 503 with a reason for an outage or a refusal to write,
+    500 for another refused command; never Redis's message (it names internal keys)."""
+    if isinstance(exc, CLUSTER_REPLIES):
+        exc = redis_errors.ClusterError()
+    for cls, reason in REFUSALS:
+        if isinstance(exc, cls) and reason:
+            return ArloopError(503, reason, retry_after=5)
     if isinstance(exc, redis.ResponseError) and not isinstance(exc, redis.BusyLoadingError):
         # Redis answered and refused: a fault of ours or of its configuration, not an outage
-        reason = f"Redis refused a command: {exc}; the operator's logs have it"
-        return _answer(request, ArloopError(500, reason))
-    reason = f"Redis is unavailable ({type(exc).__name__}); retry shortly"
-    return _answer(request, ArloopError(503, reason, retry_after=1))
+        reason = f"Redis refused a command ({type(exc).__name__}); the operator's log has it"
+        return ArloopError(500, reason)
+    return ArloopError(503, f"Redis is unavailable ({type(exc).__name__}); retry shortly", 1)
 
 
 async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -65,6 +65,8 @@ def open_services(
         thread_ttl_s=settings.thread_ttl_s,
         lock_s=settings.thread_lock_s,
         memory_max_items=settings.memory_max_items,
+        memory_ttl_s=settings.memory_ttl_s,
+        stream_max_entries=settings.stream_max_entries,
         rng=rng,
         durability=settings.checkpoint_durability,
     )
@@ -75,6 +77,7 @@ def open_services(
         scrub,
         score_rule or score_rule_of([]),
         scores_per_run=settings.feedback_scores_per_run,
+        max_entries=settings.stream_max_entries,
     )
     reader = redis.Redis.from_url(redis_url, **settings.redis_options(redis_url), **timeouts)
     return Services(

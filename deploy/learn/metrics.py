@@ -71,6 +71,12 @@ class LearnerMetrics:
             "stream_lag_seconds", "Age of the oldest entry not yet delivered.", r
         )
         self.stream_pending = _g("stream_pending", "Delivered, not yet acknowledged.", r)
+        self.trimmed_unread = _g(
+            "trimmed_unread",
+            "Entries retention dropped before the learner read them (ARLOOP_STREAM_MAX_ENTRIES; "
+            "Redis 7+), while the gap lasts.",
+            r,
+        )
         self.dead_letters = Gauge(
             "arloop_learner_dead_letters", "Entries in the dead-letter stream.", registry=r
         )
@@ -95,6 +101,8 @@ class LearnerMetrics:
             self.stream_lag.labels(s["stream"]).set(s["lag"])
             self.stream_lag_seconds.labels(s["stream"]).set(s["lag_seconds"])
             self.stream_pending.labels(s["stream"]).set(s["pending"])
+            if s.get("trimmed_unread") is not None:
+                self.trimmed_unread.labels(s["stream"]).set(s["trimmed_unread"])
         self.dead_letters.set(stats["dead_letters"])
 
     def observe_canary(self, canary: dict[str, Any] | None) -> None:
@@ -162,6 +170,14 @@ class LearnerTelemetry:
         self._next = now + self.interval_s
         stats = all_stats(self.client)
         self.metrics.observe_streams(stats)
+        for s in stats["streams"]:
+            if s.get("trimmed_unread"):
+                log.warning(
+                    "%s: %d entries were dropped by retention before the learner read them "
+                    "(ARLOOP_STREAM_MAX_ENTRIES): the learner fell that far behind",
+                    s["stream"],
+                    s["trimmed_unread"],
+                )
         if self.check_champion is not None:
             self.champion_problem = self.check_champion()
         status = {

@@ -67,7 +67,7 @@ async def test_a_refused_marker_writes_no_event(aredis, redis_client):  # noqa: 
     """The script's own guard, below the Python check: an out-of-range TTL writes nothing."""
     script = aredis.register_script(_ACCEPT)
     keys = ["rate:k", f"{FEEDBACK_SEEN_PREFIX}:t:score:a", STREAM_FEEDBACK, "rate:c", "scores:t"]
-    status, detail = await script(keys=keys, args=[60, 120, 10**17, "fb_x|n1", 0, 8, "f", "v"])
+    status, detail = await script(keys=keys, args=[60, 120, 10**17, "fb_x|n1", 0, 8, 0, "f", "v"])
     assert status == b"error" and b"invalid expire time" in detail
     assert redis_client.xlen(STREAM_FEEDBACK) == 0 and markers(redis_client) == []
     assert redis_client.get("scores:t") in (None, b"0")  # the named score is not counted
@@ -78,9 +78,9 @@ async def test_a_retried_call_finds_its_own_marker_and_is_not_a_duplicate(aredis
     sees the marker of the first (same nonce) and answers as it did, with no second XADD."""
     script = aredis.register_script(_ACCEPT)
     keys = ["rate:k", f"{FEEDBACK_SEEN_PREFIX}:t:rating", STREAM_FEEDBACK, "rate:c", "scores:t"]
-    args = [60, 120, 3600, "fb_x|n1", 0, 0, "f", "v"]
+    args = [60, 120, 3600, "fb_x|n1", 0, 0, 0, "f", "v"]
     first, second = await script(keys=keys, args=args), await script(keys=keys, args=args)
-    other = await script(keys=keys, args=[60, 120, 3600, "fb_x|n2", 0, 0, "f", "v"])
+    other = await script(keys=keys, args=[60, 120, 3600, "fb_x|n2", 0, 0, 0, "f", "v"])
     assert first[0] == b"ok" and second[0] == b"again" and other[0] == b"dup"
     assert redis_client.xlen(STREAM_FEEDBACK) == 1
 
@@ -115,3 +115,11 @@ async def test_one_run_takes_a_bounded_number_of_named_scores(aredis, redis_clie
     assert capped.value.status == 409 and "3 named scores" in capped.value.reason
     assert await intake.accept(rating(token))  # the other kinds keep their own slot
     assert redis_client.xlen(STREAM_FEEDBACK) == 4
+
+
+async def test_the_feedback_stream_keeps_about_its_cap(aredis, redis_client):  # noqa: F811
+    """Issue 36, item 6: the intake's XADD trims with MAXLEN ~ when a cap is set."""
+    intake = FeedbackIntake(aredis, SECRET, rate_per_minute=10_000, max_entries=100)
+    for n in range(400):
+        await intake.accept(rating(issue(SECRET, f"traj_{n}", "u1", "v0", 3600), f"traj_{n}"))
+    assert 100 <= redis_client.xlen(STREAM_FEEDBACK) < 250

@@ -52,3 +52,13 @@ async def test_scrubber_runs_before_anything_is_stored(aredis):
     await memory.add("u1", "triage", "reflection", "Alice has a rash", source="Alice asked")
     [raw] = await aredis.lrange(memory.key("u1", "triage", "reflection"), 0, -1)
     assert b"Alice" not in raw and b"<PERSON>" in raw
+
+
+async def test_memories_expire_after_their_last_write(aredis, redis_client):
+    """Issue 36, item 6: per-user memory had no TTL; now it lives `ttl_s` past its last write."""
+    memory = LongTermMemory(aredis, ttl_s=600)
+    await memory.add("u1", "tutoring", "reflection", "Check the units.")
+    key = memory.key("u1", "tutoring", "reflection")
+    assert 590 <= redis_client.ttl(key) <= 600
+    await LongTermMemory(aredis).add("u2", "tutoring", "reflection", "Kept.")
+    assert redis_client.ttl(memory.key("u2", "tutoring", "reflection")) == -1  # no TTL asked

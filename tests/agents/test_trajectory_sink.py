@@ -130,3 +130,16 @@ def test_texts_found_clean_are_not_scrubbed_again_and_phi_is_never_remembered():
     cached("a"), cached("b")  # the oldest clean text falls out past `size`
     cached("system prompt")
     assert seen[-1] == "system prompt"
+
+
+async def test_a_capped_stream_keeps_about_its_cap(aredis, redis_client):
+    """Issue 36, item 6: retention (XADD MAXLEN ~): the oldest runs go, the newest stay."""
+    sink = TrajectorySink(aredis, max_entries=100)
+    for n in range(400):
+        await sink.write(trajectory().model_copy(update={"event_id": f"traj_{n}"}))
+    kept = redis_client.xlen(STREAM_TRAJECTORIES)
+    assert 100 <= kept < 250  # approximate trimming drops whole nodes of the stream
+    [(_, newest)] = redis_client.xrevrange(STREAM_TRAJECTORIES, count=1)
+    assert decode(newest).event_id == "traj_399"
+    await TrajectorySink(aredis).write(trajectory())  # no cap: nothing trimmed
+    assert redis_client.xlen(STREAM_TRAJECTORIES) == kept + 1
