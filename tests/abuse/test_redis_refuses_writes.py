@@ -107,3 +107,19 @@ def test_a_read_only_replica_is_a_503_and_not_ready(start_api, llm, redis_server
         client.close()
     finally:
         replica.stop()
+
+
+def test_a_cluster_node_is_a_503_naming_the_setting_and_not_ready(start_api, llm, tmp_path):
+    """Was: a green `/healthz` while every run answered 500 with `MOVED` or `CLUSTERDOWN`
+    (one plain client cannot follow a cluster: issue 34 builds that)."""
+    llm.responder = lambda request: Reply(content="ok")
+    node = start_redis(
+        tmp_path / "node",
+        extra=["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"],
+    )
+    try:
+        api = start_api(redis_url=node.url)
+        assert_refused_without_keys(api.run("hi"), "cluster")
+        assert_refused_without_keys(api.http.get("/healthz"), "cluster")
+    finally:
+        node.stop()
