@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from agents.pii.base import presidio  # first: it keeps torch out of presidio's import
+from agents.pii.codes import leftover_codes
 from agents.pii.dates import date_recognizers
-from agents.pii.ids import id_recognizers, leftover_codes
+from agents.pii.ids import id_recognizers
 from agents.pii.names import name_recognizers
 from agents.pii.places import place_recognizers
 

@@ -17,12 +17,27 @@ _FULL_MONTH = (
 _DAY = r"(?:0?[1-9]|[12]\d|3[01])(?:st|nd|rd|th)?"
 _YEAR = r"(?:19|20)\d{2}"
 _SEP = r"\s*[/.-]\s*"
+_DM = r"(?:0?[1-9]|[12]\d|3[01])"  # a day, or a month: d/m and m/d are both written
+_ORDINAL = r"(?:[12]?\d|3[01])(?:st|nd|rd|th)"
+_WEEKDAY = r"(?:mon|tue|tues|wed|thu|thur|thurs|fri|sat|sun)(?:day)?"
+# Words after which a number is a day of the month ("on 3/4", "since the 12th").
+_ON = (
+    rf"(?:on|since|from|until|till|by|dated?|dob|born|admitted|discharged|visit|appointment"
+    rf"|follow-?up(?:\s+is|\s+on)?|due|seen|before|after|starting|started|as\s+of|{_WEEKDAY})"
+)
+# What a fraction or a score is of: "by 1/2 a tablet", "on 3/4 of a dose".
+_NOT_A_FRACTION = r"(?!\s*(?:of|a|an|tabs?|tablets?|pills?|doses?|cups?|mg|ml)\b)"
+# What may follow a day said alone ("on the 17th", "by the 3rd."), not a noun ("the 3rd dose").
+_DAY_END = (
+    r"(?=\s*(?:[,.;:!?)]|$)|\s+(?:at|and|or|but|so|when|then|i|we|he|she|they|it|this|next|last"
+    r"|to|till|until|around|about|for\s+(?:my|an?|the)|of\s+(?:this|next|last|the)\s+month)\b)"
+)
 # The value group is what is replaced; a trailing year stays readable ("[DATE], 2021").
 DATE_RULES = [
-    # March 14th, Sept. 22nd 2021, Dec 1 2021, january 9
+    # March 14th, Sept. 22nd 2021, Dec 1 2021, january 9, mar-3-21
     Rule(
         "DATE",
-        re.compile(rf"(?i)\b(?P<value>{_MONTH}\s*{_DAY})(?![\d:])(?!\s*(?:mg|ml|%|kg))"),
+        re.compile(rf"(?i)\b(?P<value>{_MONTH}(?:\s*|-){_DAY})(?![\d:])(?!\s*(?:mg|ml|%|kg))"),
         0.8,
     ),
     # 21st of March, 17 August 2019, 05-Jun-1948, 11 Nov
@@ -31,14 +46,24 @@ DATE_RULES = [
         re.compile(rf"(?i)(?<![\d.])(?P<value>{_DAY}(?:\s+of\s+|[\s-]+){_MONTH})(?![a-z])"),
         0.8,
     ),
-    # 04/12/1986, 14.03.2024, 7/4/59, 12 / 25 / 1970: day and month, not the year
+    # 04/12/1986, 14.03.2024, 7/4/59, 12 / 25 / 1970, 3/14/'21: day and month, not the year
     Rule(
         "DATE",
         re.compile(
-            rf"(?<![\d./-])(?P<value>(?:0?[1-9]|[12]\d|3[01]){_SEP}(?:0?[1-9]|[12]\d|3[01]))"
-            rf"{_SEP}(?:{_YEAR}|\d{{2}})(?![\d/-]|\.\d)"
+            rf"(?<![\d./-])(?P<value>{_DM}{_SEP}{_DM})"
+            rf"{_SEP}(?:{_YEAR}|'?\d{{2}})(?![\d/-]|\.\d)"
         ),
         0.8,
+    ),
+    # 1 12 2020, 04 11 88, on 7 3 91: spaces only, so a year of four digits, a part written
+    # with a leading zero, or a date word before it (three numbers in a row are rarely a date)
+    Rule(
+        "DATE",
+        re.compile(
+            rf"(?i)(?<![\d.:/-])(?P<value>{_DM}[ \t]+{_DM})[ \t]+(?:{_YEAR}|'?\d{{2}})(?![\w.:/-]|\.\d)"
+        ),
+        0.75,
+        lambda text, m: "DATE" if _spaced_date(text, m) else None,
     ),
     # 1990-02-17, 2023/08/09
     Rule(
@@ -54,18 +79,30 @@ DATE_RULES = [
         re.compile(rf"(?<!\d){_YEAR}(?P<value>(?:0[1-9]|1[0-2])(?:0[1-9]|[12]\d|3[01]))(?!\d)"),
         0.7,
     ),
-    # 2/11 or 9/2 only after a date word (a bare 7/10 is a pain score, 1/2 a dose)
+    # 2/11, 9/2 or 13/10 only after a date word (a bare 7/10 is a pain score, 1/2 a dose)
     Rule(
         "DATE",
-        re.compile(
-            r"(?i)\b(?:on|since|from|until|till|by|dated?|dob|born|admitted|discharged|visit|"
-            r"appointment|follow-?up(?:\s+is|\s+on)?|due|seen|before|after|starting|started|as\s+of|"
-            r"mon|tue|tues|wed|thu|thur|thurs|fri|sat|sun|monday|tuesday|wednesday|thursday|friday|"
-            r"saturday|sunday)\.?,?"
-            r"[:\s]+(?P<value>(?:0?[1-9]|1[0-2])/(?:0?[1-9]|[12]\d|3[01]))(?![\d/]|\.\d)"
-        ),
+        re.compile(rf"(?i)\b{_ON}\.?,?[:\s]+(?P<value>{_DM}/{_DM})(?![\d/]|\.\d){_NOT_A_FRACTION}"),
         0.75,
+        lambda text, m: "DATE" if _day_and_month(m.group("value"), "/") else None,
     ),
+    # on the 17th, friday the 13th, due 3rd: a day said alone is still an element of a date
+    # (not "from the 3rd to the 8th": a span of days counts days, in a sum as much as a diary)
+    Rule(
+        "DATE",
+        re.compile(rf"(?i)\b{_ON}\.?,?\s+(?:the\s+)?(?P<value>{_ORDINAL})\b{_DAY_END}"),
+        0.7,
+        lambda text, m: None if m.group(0).lower().startswith("from") else "DATE",
+    ),
+    # 03/2021, since 3-2019: a month with its year, in digits (zero-padded, or after a date word)
+    Rule("DATE", re.compile(rf"(?<![\d./-])(?P<value>0[1-9]|1[0-2])[/.-]{_YEAR}(?![\d/.-])"), 0.7),
+    Rule(
+        "DATE",
+        re.compile(rf"(?i)\b{_ON}\.?,?[:\s]+(?P<value>[1-9])[/.-]{_YEAR}(?![\d/.-])"),
+        0.7,
+    ),
+    # march 2021, jan '19: a month with its year, in any case (the year stays)
+    Rule("DATE", re.compile(rf"(?i)\b(?P<value>{_MONTH})\s*,?\s*(?:{_YEAR}\b|'\d{{2}}\b)"), 0.7),
     # in June (1985), since March: a month named alone is still an element of a date
     Rule(
         "DATE",
@@ -77,6 +114,24 @@ DATE_RULES = [
     ),
     Rule("DATE", re.compile(rf"(?P<value>\b(?-i:{_FULL_MONTH})),?\s+{_YEAR}\b"), 0.75),
 ]
+
+
+def _day_and_month(value: str, sep: str) -> bool:
+    """Two numbers that can be a day and a month, in either order."""
+    first, second = (int(p) for p in re.split(sep, value))
+    return min(first, second) <= 12
+
+
+def _spaced_date(text: str, match: re.Match[str]) -> bool:
+    """`1 12 2020`, `04 11 88`, `dob 7 3 91`; not `reps 10 12 15`."""
+    if not _day_and_month(match.group("value"), r"[ \t]+"):
+        return False
+    whole = match.group(0)
+    if re.search(rf"\s{_YEAR}$", whole) or re.search(r"(?:^|\s)0\d", whole):
+        return True
+    before = text[max(0, match.start() - 25) : match.start()]
+    return re.search(rf"(?i)\b{_ON}\.?,?[:\s-]*$", before) is not None
+
 
 _UNITS = r"(?:-|\s)?(?:one|two|three|four|five|six|seven|eight|nine)"
 # 90 to 119, in digits or words ("ninety-three", "a hundred and one")

@@ -4,29 +4,32 @@ from __future__ import annotations
 
 import re
 
-from agents.pii.base import RegexRecognizer, Rule
+from agents.pii.base import STOP_WORDS, RegexRecognizer, Rule, alternation
+from agents.pii.codes import code_shape, plausible_code
 
 # A code after a cue: chunks split by single spaces, each with a digit, or short capitals
-# between them (`GB82 WEST 1234`, `BXT 448210 H`); a short prefix word is allowed (`Rx 7712934`).
+# between them (`GB82 WEST 1234`, `BXT 448210 H`); a short prefix word is allowed (`Rx 7712934`,
+# `mcx 448 1029`), but no short English word (`for 500`).
 _CHUNK = r"[A-Za-z0-9(][A-Za-z0-9_./()+:-]*"
 _STRONG = rf"(?=[A-Za-z0-9_./()+:-]*\d){_CHUNK}"
 _CAPS = r"(?-i:(?!I\b|A\b)[A-Z]{1,5})(?![A-Za-z0-9])"
-VALUE = rf"(?P<value>(?:(?-i:[A-Z][A-Za-z]{{0,3}})\s(?={_STRONG}))?{_STRONG}(?:\s(?:{_STRONG}|{_CAPS}))*)"
 _FILLER = (
-    r"(?:number|num|nbr|no|nr|id|identifier|code|is|was|are|of|my|the|ending|in|template|hash|"
-    r"scan|print|enrollment|enrolment|signature|sample|key|username|name|plate|serial)"
+    r"(?:number|num|nbr|no|nr|id|identifier|code|is|was|are|of|my|the|ending|ends|in|template|hash|"
+    r"scan|print|enrollment|enrolment|signature|sample|key|username|name|plate|serial|says|said"
+    r"|reads|read|shows|showed|states|has|had|on|it|its|it's|that|like|printed|written|as"
+    r"|something|just|here|there)"
 )
-_WINDOW = rf"(?:[\s:#=.,\-]+{_FILLER}\b\.?){{0,4}}[\s:#=.\-]*"
-_UNIT = re.compile(
-    r"^\d+(?:[.,]\d+)?(?:mg|mcg|ug|g|kg|ml|l|iu|units?|mmhg|bpm|cm|mm|m|km|lbs?|oz|c|f|h|hrs?|"
-    r"mins?|s|x|am|pm|yo|st|nd|rd|th|%)$",
-    re.IGNORECASE,
-)
+_SMALL_WORDS = alternation([w for w in STOP_WORDS if len(w) <= 4 and w.isalpha()] + ["u", "ur"])
+_NOT_PREFIX = rf"(?:{_SMALL_WORDS}|{_FILLER}|ref|acct|appt|pt|tel)\b"
+_PREFIX = rf"(?:(?-i:[A-Z][A-Za-z]{{0,3}})|(?!{_NOT_PREFIX})[a-z]{{2,4}})"
+VALUE = rf"(?P<value>(?:{_PREFIX}\s(?={_STRONG}))?{_STRONG}(?:\s(?:{_STRONG}|{_CAPS}))*)"
+_WINDOW = rf"(?:(?:'s|’s)?[\s:#=.,\-]+{_FILLER}\b\.?){{0,4}}(?:'s|’s)?[\s:#=.\-]*"
 
 CUES = {
     "SSN": r"ssn|ss\s?#|s\.s\.n\.?|social\s+security(?:\s+(?:number|no\.?|#))?|social",
     "MRN": r"mrn|m\.r\.n\.?|medical\s+record|record|(?-i:MR)\s?#|chart|hospital\s*(?:number|no\.?|#|id)"
-    r"|patient\s+(?:id|number|no\.?|#)|pt\s+id|unit\s+number",
+    r"|patient\s+(?:id|number|no\.?|#)|pt\s+id|unit\s+number|wrist\s*band|hospital\s+band"
+    r"|id\s+band|arm\s*band|bracelet",
     "HEALTH_PLAN": r"member|subscriber|policy|insurance(?:\s+(?:id|number|no\.?|#))?"
     r"|group\s+(?:number|no\.?|#)"
     r"|plan\s+(?:id|number)|medicare|medicaid|mbi|beneficiary|nhs|health\s+plan|rx\s?(?:bin|pcn|group)",
@@ -59,18 +62,38 @@ CUE_SCORE = {
 }
 
 
+# Words that name a code whatever it belongs to ("incident number", "booking ref", "the code"),
+# and what a person wears or is handed with their code on it. Not "number of" (a count).
+_CODE_WORDS = (
+    r"(?:number|num|nbr|no(?=\.|:)|nr|n[º°]|#|code|ref|reference|identifier)(?!\s+of\b)"
+    r"|band|label|sticker|booking|appointment|appt|incident|portal|locker"
+)
+
+
 def _plausible_code(text: str, match: re.Match[str], entity: str) -> str | None:
-    """At least four characters and not a dose or a measurement (`500mg`, `2 weeks`)."""
-    value = match.group("value")
-    core = re.sub(r"[^A-Za-z0-9]", "", value)
-    if len(core) < 4 or _UNIT.match(value.replace(" ", "")):
-        return None
-    return entity
+    """At least four characters and not a dose, a reading or a year (`500mg`, `38.4`, `120/80`)."""
+    return entity if plausible_code(match.group("value")) else None
 
 
 def _cue_rule(entity: str, cue: str) -> Rule:
     pattern = re.compile(rf"(?i)\b(?:{cue})(?![a-z]){_WINDOW}{VALUE}")
     return Rule(entity, pattern, CUE_SCORE[entity], lambda t, m: _plausible_code(t, m, entity))
+
+
+HASH_RULE = Rule(  # "#4471923", "ref #QX-1723": no word boundary before a `#`
+    "ID",
+    re.compile(rf"(?<![\w#])#\s?{VALUE}"),
+    CUE_SCORE["ID"],
+    lambda t, m: _plausible_code(t, m, "ID"),
+)
+
+# "my locker key is 4B-119", "her code's PX93KD": anything a person calls theirs and quotes,
+# when what they quote has a code's shape (not "my temp is 38.4").
+_QUOTED = re.compile(
+    rf"(?i)\b(?:my|our|his|her|their|your|ur)\s+(?:[a-z-]+\s+){{0,2}}?[a-z-]+(?:'s|’s|\s+is"
+    rf"|\s+was|\s+says|\s+said|\s+reads|\s+shows|\s*[:=])\s*(?:like\s+|just\s+)?{VALUE}"
+)
+QUOTED_RULE = Rule("ID", _QUOTED, 0.6, lambda t, m: "ID" if code_shape(m.group("value")) else None)
 
 
 def _phone_kind(text: str, match: re.Match[str]) -> str | None:
@@ -184,32 +207,10 @@ SHAPE_RULES = [
 def id_recognizers() -> list[RegexRecognizer]:
     """The recognisers of this module, ready for a presidio registry."""
     cue_rules = [_cue_rule(entity, cue) for entity, cue in CUES.items()]
+    cue_rules += [_cue_rule("ID", _CODE_WORDS), HASH_RULE, QUOTED_RULE]
     return [
         RegexRecognizer("ArloopCueIdRecognizer", cue_rules),
         RegexRecognizer("ArloopPhoneRecognizer", PHONE_RULES),
         RegexRecognizer("ArloopWebRecognizer", WEB_RULES),
         RegexRecognizer("ArloopShapeRecognizer", SHAPE_RULES),
     ]
-
-
-# Anything left that looks like a code: long digit runs, or letters and digits mixed.
-_TOKEN = re.compile(r"(?<![\w-])[A-Za-z0-9][A-Za-z0-9_-]*[A-Za-z0-9](?![\w-])")
-# COVID-19, CA-125, 3rd, and compounds such as 120-page or 10-year-old are no codes.
-_MEDICAL_CODE = re.compile(
-    r"^[A-Za-z]{1,6}-\d{1,3}$|^\d+(?:st|nd|rd|th)$|^\d+-[a-z]+(?:-[a-z]+)*$", re.IGNORECASE
-)
-
-
-def leftover_codes(text: str, covered: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """Spans of code-like tokens no recogniser claimed ("any other unique identifying number")."""
-    out = []
-    for match in _TOKEN.finditer(text):
-        token = match.group(0)
-        if any(s < match.end() and match.start() < e for s, e in covered):
-            continue
-        digits = sum(ch.isdigit() for ch in token)
-        letters = sum(ch.isalpha() for ch in token)
-        code_like = digits >= 7 or (digits >= 3 and letters >= 2 and len(token) >= 6)
-        if code_like and not _MEDICAL_CODE.match(token) and not _UNIT.match(token):
-            out.append(match.span())
-    return out

@@ -1,13 +1,7 @@
 """Person names without a language model: cue phrases, name lists, and capitalised runs.
 
-Casual text writes names in lower case ("my son jake has a fever", "thx, chuy", "greta here"),
-where a capitalised run finds nothing. There a name needs a context that people use for
-names: right after "my son", "our baby", "my wife,"; as a message's signature; before
-"here"; as the subject of what a person does ("jake's been", "rosa called"); after "its",
-"tell", "me and". In those contexts a lower-case word is a name when the name lists hold it
-(nicknames included) and it is no everyday word, or, in the strongest contexts (after a
-relation, as a signature, before "here"), when it is no frequent English word at all
-(`known_words`): a name the lists lack, "ngozi", "oluwaseun".
+Capitalised names are found here (after "Dr", "my name is", "Regards,"; runs of listed names);
+lower-case names in casual text by their contexts, in `casual_names.py`.
 """
 
 from __future__ import annotations
@@ -17,12 +11,10 @@ from bisect import bisect_left
 from dataclasses import dataclass
 
 from agents.pii.base import (
-    CASUAL_WORDS,
     EPONYM_FOLLOWERS,
     EPONYMS,
     NOT_NAMES,
     ORG_WORDS,
-    STOP_WORDS,
     Lexicon,
     LocalRecognizer,
     RecognizerResult,
@@ -30,19 +22,10 @@ from agents.pii.base import (
     norm,
     result,
 )
+from agents.pii.casual_names import RELATIONS, casual_names
 
 _WORD = re.compile(r"[A-Za-zÀ-ÖØ-öø-ÿ][A-Za-zÀ-ÖØ-öø-ÿ'’-]*")
 _PARTICLES = frozenset("de du da van von der den del di la le bin bint al el ibn ben st".split())
-_RELATIONS = (
-    r"mother|mom|mum|mommy|mummy|mama|father|dad|daddy|papa|son|daughter|wife|husband|partner|spouse"
-    r"|fianc[ée]e?|boyfriend|girlfriend|brother|sister|grandma|grandmother|granny|nana|grandpa"
-    r"|grandfather|grandson|granddaughter|aunt|auntie|uncle|niece|nephew|cousin|friend|neighbou?r"
-    r"|baby|child|kid|toddler|carer|caregiver|roommate|flatmate|colleague|coworker|boss|landlord"
-    r"|gp|physician|surgeon|therapist|dentist|pharmacist|midwife|patient|pt|resident|client|stepson"
-    r"|stepdaughter|stepmother|stepfather|mother-in-law|father-in-law"
-    r"|mate|bf|gf|hubby|wifey|missus|bestie|housemate|classmate|teammate|boy|girl|kiddo|twin"
-    r"|bro|sis|grandad|granddad|stepdad|stepmum|stepmom|godson|goddaughter|other\s+half"
-)
 # Cue -> (needs a name-list hit first, lower-case words allowed when they are listed names).
 # After a weak cue ("I'm", "this is") a lower-case name must be a first name and no word at all.
 _CUES = [
@@ -63,8 +46,8 @@ _CUES = [
         False,
         True,
     ),
-    (re.compile(rf"(?i)\b(?:{_RELATIONS})(?:'s\s+name\s+is|\s*[,:])?\s+"), False, False),
-    (re.compile(rf"(?i)\b(?:{_RELATIONS})\s+(?:is|was)\s+"), True, False),
+    (re.compile(rf"(?i)\b(?:{RELATIONS})(?:'s\s+name\s+is|\s*[,:])?\s+"), False, False),
+    (re.compile(rf"(?i)\b(?:{RELATIONS})\s+(?:is|was)\s+"), True, False),
     (
         re.compile(
             r"(?i)\b(?:i'm|i\s+am|im|this\s+is|it's|its|it\s+is|hi|hello|hey|dear|ask\s+for|tell|with|from"
@@ -76,43 +59,6 @@ _CUES = [
 ]
 _HERE = re.compile(
     r"(?:^|(?<=[.!?\n,]))\s*(?P<value>(?:[A-Z][\w'’-]+\s+){0,2}[A-Z][\w'’-]+)\s+here\b"
-)
-_KIN = r"(?:nana|grandma|granny|grandpa|grandad|mum|mom|mam|dad|auntie|aunt|uncle|your|ur)"
-# Contexts for a lower-case name: (cue ending right before the name, unknown words allowed,
-# everyday words allowed). The name is the word right after the cue. After the weak cues (the
-# last) a name that is also a frequent word must end its clause: "its sam again", not
-# "from experience" or "with almond".
-_LOWER_CUES = [
-    (  # my son jake, our baby noah, my little brother jimmy, my wife, fatima,
-        re.compile(
-            rf"(?i)\b(?:my|our|his|her)\s+(?:[a-z0-9-]+\s+){{0,2}}?(?:step-?)?(?:{_RELATIONS})\b"
-            r"(?:\s+(?:is\s+)?(?:called|named))?\s*[,:-]?\s*"
-        ),
-        True,
-        False,
-    ),
-    (  # a signature ending the message: thx, chuy / love, nana jean / - bill
-        re.compile(
-            rf"(?i)(?:\b(?:thx|thanks|thank\s+you|ty|ta|cheers|love|xx+|regards|best|from)[,!.]*"
-            rf"\s+(?:{_KIN}\s+)?|(?:^|\s)[-—–~]\s*)(?=[a-zà-ÿ][\w'’-]*\s*[.!x]*\s*$)"
-        ),
-        True,
-        True,
-    ),
-    (re.compile(r"(?i)\b(?:is|was|am|are|be)\s+(?:called|named)\s+"), True, False),
-    (re.compile(r"(?i)\bme\s+(?:and|n|&)\s+"), False, False),
-    (
-        re.compile(r"(?i)\b(?:it'?s|i'?m|i\s+am|this\s+is|tell|ask|for|with|from)\s+"),
-        False,
-        False,
-    ),
-]
-_CLAUSE_END = re.compile(r"\s*(?:[,.!?;:)]|$|\s+(?:again|here)\b)")
-_LOWER_HERE = re.compile(r"(?:^|(?<=[.!?\n,]))\s*(?P<value>[a-zà-ÿ][\w'’-]+)\s+here\b")
-_LOWER_SUBJECT = re.compile(
-    r"(?:^|(?<=[.!?\n]))\s*(?P<value>[a-zà-ÿ][\w'’-]+?)(?:'s|’s)?\s+(?:has|had|is|was|been"
-    r"|says|said|called|rang|texted|fainted|fell|ate|keeps|got|woke|from|cant|can't|wont|won't"
-    r"|doesnt|does|did|feels|felt|thinks|wants|needs)\b"
 )
 
 
@@ -145,7 +91,7 @@ class NameRecognizer(LocalRecognizer):
             for m in _HERE.finditer(text)
             if _plausible_run(m.group("value"), lex)
         ]  # "Svetlana Ivanova here."
-        spans += _casual(text, tokens, lex)
+        spans += casual_names(text, tokens, lex)
         found = [result("NAME", s, e, score) for s, e, score in spans]
         return found + _repeats(tokens, found)
 
@@ -181,47 +127,6 @@ class NameRecognizer(LocalRecognizer):
             elif any(_solo_name(t, lex) for t in run):
                 out.append((run[0].start, run[-1].end, 0.5))
         return out
-
-
-def _casual(text: str, tokens: list[_Token], lex: Lexicon) -> list[tuple[int, int, float]]:
-    """Lower-case names in the contexts of the module docstring."""
-    out = []
-    at = {t.start: t for t in tokens}
-    for k, (pattern, unknown_ok, everyday_ok) in enumerate(_LOWER_CUES):
-        weak = k == len(_LOWER_CUES) - 1
-        for match in pattern.finditer(text):
-            token = at.get(match.end())
-            if token is None or not _lower_name(token.text, lex, unknown_ok, everyday_ok):
-                continue
-            if weak and lex.is_known(token.text) and not _CLAUSE_END.match(text, token.end):
-                continue
-            out.append((token.start, token.end, 0.75))
-    for match in _LOWER_HERE.finditer(text):
-        if _lower_name(match.group("value"), lex, unknown_ok=True, everyday_ok=False):
-            out.append((*match.span("value"), 0.7))
-    for match in _LOWER_SUBJECT.finditer(text):  # listed names only: "fever has" stays
-        word = match.group("value")
-        if _lower_name(word, lex, unknown_ok=False, everyday_ok=False) and not lex.is_known(word):
-            out.append((*match.span("value"), 0.7))
-    return out
-
-
-def _lower_name(word: str, lex: Lexicon, unknown_ok: bool, everyday_ok: bool) -> bool:
-    """A lower-case word that can be a name where the context says one is due: a listed first
-    name (no everyday word unless `everyday_ok`), or with `unknown_ok` no English word at all."""
-    if not word.islower() or len(word) < 2 or norm(word) in NOT_NAMES or word in STOP_WORDS:
-        return False
-    if word in CASUAL_WORDS or (not everyday_ok and lex.is_everyday(word)):
-        return False
-    if lex.is_first(word):
-        return True
-    return (
-        unknown_ok
-        and len(word) >= 3
-        and word.isalpha()
-        and not lex.is_known(word)
-        and not lex.is_common(word)
-    )
 
 
 def _place_only(words: str, lex: Lexicon) -> bool:
