@@ -162,9 +162,12 @@ def redis_benchmark_intake(port: int, n: int, concurrency: int) -> float:
         "bench:seen:t__rand_int__:thumbs",
         "bench:intake",
         "bench:keyrate:k__rand_int__",
+        "bench:scores:t__rand_int__",
     ]
-    args = ["1000000000", "120", "3600", "fb___rand_int__", "1000000000", *_sample_fields()]
-    return redis_benchmark(port, n, concurrency, "EVAL", ACCEPT_SCRIPT, "4", *keys, *args)
+    # no named-score cap (thumbs), the default stream cap (XADD MAXLEN ~ 200000)
+    args = ["1000000000", "120", "3600", "fb___rand_int__", "1000000000", "0", "200000"]
+    args += _sample_fields()
+    return redis_benchmark(port, n, concurrency, "EVAL", ACCEPT_SCRIPT, "5", *keys, *args)
 
 
 def main() -> None:
