@@ -29,6 +29,7 @@ RELATIONS = (  # "mother in law" before "mother": the longer wins
     r"|stepdaughter|stepmother|stepfather"
     r"|mate|bf|gf|hubby|wifey|missus|bestie|housemate|classmate|teammate|boy|girl|kiddo|twin"
     r"|bro|sis|grandad|granddad|stepdad|stepmum|stepmom|godson|goddaughter|other\s+half"
+    r"|(?:little|youngest|eldest|oldest|middle|older|younger|baby)\s+one|youngest|eldest|oldest"
     r"|lodger|tenant|nanny|tutor|teacher|coach|physio|counsell?or|[a-z]*(?:minder|sitter|worker)"
 )
 _RELATION = rf"(?:{RELATIONS})(?:s|es|ren)?"  # my kids, my boys, my children
@@ -87,6 +88,18 @@ def _weak(text: str, token: Token, lex: Lexicon) -> bool:
     )
 
 
+def _introduced(text: str, token: Token, lex: Lexicon) -> bool:
+    """`i'm nikos btw,`, `its uche again`: a weak cue, but a name the lists lack may follow when
+    it ends the clause and does not read as a state (`i'm dizzy.`, `i'm asthmatic,`)."""
+    if _weak(text, token, lex):
+        return True
+    return (
+        _strong(text, token, lex)
+        and _INTRODUCED.match(text, token.end) is not None
+        and not _STATE.search(token.text)
+    )
+
+
 def _after_title(text: str, token: Token, lex: Lexicon) -> bool:
     """`dr patel`, `dr mbeki said`; not `dr said` or `dr appt tomorrow`."""
     word = token.text
@@ -130,7 +143,8 @@ _LOWER_CUES = [
         ),
         _weak,
     ),
-    (re.compile(r"(?i)\b(?:it'?s|i'?m|i\s+am|this\s+is|tell|ask|for|with|from)\s+"), _weak),
+    (re.compile(r"(?i)\b(?:it'?s|i'?m|i\s+am|this\s+is)\s+"), _introduced),
+    (re.compile(r"(?i)\b(?:tell|ask|for|with|from)\s+"), _weak),
 ]
 _NAME_FOLLOWS = re.compile(
     r"\s*(?:[,.!?;:)]|$)|\s+(?:said|says|told|tells|thinks|thought|reckons|wants|wanted|who"
@@ -143,6 +157,9 @@ _SUBJECT_GOES_ON = re.compile(
     r"\s*(?:[,.!?;:)]|$)|(?:'s|’s)?\s+(?:is|was|has|had|keeps|kept|got|gets|can|cant|can't|wont"
     r"|won't|and|who|fell|feels|felt|says|said|woke|seems|looks|been|started|needs)\b"
 )
+_INTRODUCED = re.compile(r"\s*,|\s+(?:btw|here|again|from|by\s+the\s+way)\b")
+# How adjectives and states end (dizzy, asthmatic, nauseous, hypothyroid, housebound).
+_STATE = re.compile(r"(?:y|ic|ous|al|ed|ive|ant|ent|less|ful|able|ible|ish|oid|ary|ers|bound)$")
 _CLAUSE_END = re.compile(r"\s*(?:[,.!?;:)]|$|\s+(?:again|here)\b)")
 _SET_OFF = re.compile(r"\s*(?:[,)]|$|\s+(?:and|&)\s)")  # "my husband, col, has"
 _LOWER_HERE = re.compile(r"(?:^|(?<=[.!?\n,]))\s*(?P<value>[a-zà-ÿ][\w'’-]+)\s+here\b")

@@ -87,10 +87,11 @@ HASH_RULE = Rule(  # "#4471923", "ref #QX-1723": no word boundary before a `#`
     lambda t, m: _plausible_code(t, m, "ID"),
 )
 
-# "my locker key is 4B-119", "her code's PX93KD": anything a person calls theirs and quotes,
+# "my locker key is 4B-119", "her code's PX93KD", "my number at the clinic is FC 20 118":
+# anything a person calls theirs and quotes,
 # when what they quote has a code's shape (not "my temp is 38.4").
 _QUOTED = re.compile(
-    rf"(?i)\b(?:my|our|his|her|their|your|ur)\s+(?:[a-z-]+\s+){{0,2}}?[a-z-]+(?:'s|’s|\s+is"
+    rf"(?i)\b(?:my|our|his|her|their|your|ur)\s+(?:[a-z-]+\s+){{0,5}}?[a-z-]+(?:'s|’s|\s+is"
     rf"|\s+was|\s+says|\s+said|\s+reads|\s+shows|\s*[:=])\s*(?:like\s+|just\s+)?{VALUE}"
 )
 QUOTED_RULE = Rule("ID", _QUOTED, 0.6, lambda t, m: "ID" if code_shape(m.group("value")) else None)
