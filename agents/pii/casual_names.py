@@ -113,7 +113,7 @@ def _after_title(text: str, token: Token, lex: Lexicon) -> bool:
 _LOWER_CUES = [
     (  # my son jake, our baby noah, my little brother jimmy, my wife, fatima, my son (fintan)
         re.compile(
-            rf"(?i)\b(?:my|our|his|her|their)\s+(?:[a-z0-9-]+\s+){{0,2}}?(?:step-?)?{_RELATION}\b"
+            rf"(?i)\b(?:my|our|his|her|their)\s+(?:[a-z0-9'’-]+\s+){{0,2}}(?:step-?)?{_RELATION}\b"
             r"(?:\s+(?:is\s+)?(?:called|named))?\s*[,:(-]?\s*"
         ),
         _beside_relation,
@@ -217,6 +217,8 @@ def _lower_name(word: str, lex: Lexicon, unknown_ok: bool, everyday_ok: bool) ->
     name (no everyday word unless `everyday_ok`), or with `unknown_ok` no English word at all."""
     if not word.islower() or len(word) < 2 or norm(word) in NOT_NAMES or word in STOP_WORDS:
         return False
+    if "-" in word.strip("-"):  # ruby-mae, jean-luc: every part a listed first name
+        return all(lex.is_first(part) for part in word.split("-"))
     if word in CASUAL_WORDS or (not everyday_ok and lex.is_everyday(word)):
         return False
     if lex.is_first(word):

@@ -23,8 +23,9 @@ _MEASURE = re.compile(
     re.IGNORECASE,
 )
 # COVID-19, CA-125, 3rd, 120-page, 10-year-old, T2N0M0, CYP2D6: names and compounds, no codes
+# (7781-XK is one: no word after its digits)
 MEDICAL_CODE = re.compile(
-    r"^[A-Za-z]{1,6}-\d{1,3}$|^\d+(?:st|nd|rd|th)$|^\d+-[a-z]+(?:-[a-z]+)*$"
+    r"^[A-Za-z]{1,6}-\d{1,3}$|^\d+(?:st|nd|rd|th)$|^\d+-[a-z]*[aeiouy][a-z]+(?:-[a-z]+)*$"
     r"|^[pcy]?T[0-4xis][a-d]?N[0-3x][a-c]?M[01x]$|^CYP\d{1,2}[A-Z]\d{1,2}$",
     re.IGNORECASE,
 )

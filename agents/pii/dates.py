@@ -17,6 +17,7 @@ _FULL_MONTH = (
 _DAY = r"(?:0?[1-9]|[12]\d|3[01])(?:st|nd|rd|th)?"
 _YEAR = r"(?:19|20)\d{2}"
 _SEP = r"\s*[/.-]\s*"
+_NO_UNIT = r"(?!\s*(?:mg|mcg|ug|ml|g|kg|units?|iu|mmol|%)(?![a-z]))"
 _DM = r"(?:0?[1-9]|[12]\d|3[01])"  # a day, or a month: d/m and m/d are both written
 _ORDINAL = r"(?:[12]?\d|3[01])(?:st|nd|rd|th)"
 _WEEKDAY = r"(?:mon|tue|tues|wed|thu|thur|thurs|fri|sat|sun)(?:day)?"
@@ -46,12 +47,13 @@ DATE_RULES = [
         re.compile(rf"(?i)(?<![\d.])(?P<value>{_DAY}(?:\s+of\s+|[\s-]+){_MONTH})(?![a-z])"),
         0.8,
     ),
-    # 04/12/1986, 14.03.2024, 7/4/59, 12 / 25 / 1970, 3/14/'21: day and month, not the year
+    # 04/12/1986, 14.03.2024, 7/4/59, 12 / 25 / 1970, 3/14/'21: day and month, not the year;
+    # one separator twice (2.5/10 mg is a dose)
     Rule(
         "DATE",
         re.compile(
-            rf"(?<![\d./-])(?P<value>{_DM}{_SEP}{_DM})"
-            rf"{_SEP}(?:{_YEAR}|'?\d{{2}})(?![\d/-]|\.\d)"
+            rf"(?<![\d./-])(?P<value>{_DM}\s*(?P<sep>[/.-])\s*{_DM})"
+            rf"\s*(?P=sep)\s*(?:{_YEAR}|'?\d{{2}})(?![\d/-]|\.\d){_NO_UNIT}"
         ),
         0.8,
     ),

@@ -94,7 +94,28 @@ _QUOTED = re.compile(
     rf"(?i)\b(?:my|our|his|her|their|your|ur)\s+(?:[a-z-]+\s+){{0,5}}?[a-z-]+(?:'s|’s|\s+is"
     rf"|\s+was|\s+says|\s+said|\s+reads|\s+shows|\s*[:=])\s*(?:like\s+|just\s+)?{VALUE}"
 )
-QUOTED_RULE = Rule("ID", _QUOTED, 0.6, lambda t, m: "ID" if code_shape(m.group("value")) else None)
+_NAMED_CODE = re.compile(rf"(?i)\b(?:{_CODE_WORDS}|{CUES['MRN']}|id)\b")
+
+
+def _quoted_kind(text: str, match: re.Match[str]) -> str | None:
+    """What a person calls a number or a record needs a cue's check ("my chart at st marys is
+    c-00912-7"); anything else of theirs, a code's shape ("my locker key is 4B-119")."""
+    owned = match.group(0)[: match.start("value") - match.start()]
+    named = _NAMED_CODE.search(owned) is not None
+    return "ID" if (plausible_code if named else code_shape)(match.group("value")) else None
+
+
+QUOTED_RULE = Rule("ID", _QUOTED, 0.6, _quoted_kind)
+# "crn 2291 8812 is my number at the surgery": the code first, then what it is
+CODE_FIRST_RULE = Rule(
+    "ID",
+    re.compile(
+        rf"(?i){VALUE}\s+(?:is|was|=)\s+(?:my|his|her|our|their|the)\s+(?:[a-z]+\s+){{0,2}}?"
+        rf"(?:{_CODE_WORDS}|{CUES['MRN']}|id)\b"
+    ),
+    0.6,
+    lambda t, m: _plausible_code(t, m, "ID"),
+)
 
 
 def _phone_kind(text: str, match: re.Match[str]) -> str | None:
@@ -208,7 +229,7 @@ SHAPE_RULES = [
 def id_recognizers() -> list[RegexRecognizer]:
     """The recognisers of this module, ready for a presidio registry."""
     cue_rules = [_cue_rule(entity, cue) for entity, cue in CUES.items()]
-    cue_rules += [_cue_rule("ID", _CODE_WORDS), HASH_RULE, QUOTED_RULE]
+    cue_rules += [_cue_rule("ID", _CODE_WORDS), HASH_RULE, QUOTED_RULE, CODE_FIRST_RULE]
     return [
         RegexRecognizer("ArloopCueIdRecognizer", cue_rules),
         RegexRecognizer("ArloopPhoneRecognizer", PHONE_RULES),
