@@ -1,7 +1,7 @@
 """The PHI scrubber on the project's probe sets: identifiers caught, false positives, speed.
 
 For each probe corpus in `tests/agents/pii/` (the main corpus, the casual one, the identifier
-shapes' dev and held-out sets): identifiers caught / planted (the raw value no longer in the
+shapes' dev and three held-out sets): identifiers caught / planted (the raw value no longer in the
 scrubbed text), clinical facts kept, and negatives with any finding. On the packs' own texts
 (tutoring problems, GSM8K, triage cases and probes): findings by type, and how many are not
 names. Speed: milliseconds per message over every probe message, the median of `--passes`
@@ -28,7 +28,14 @@ from agents.packs.triage_cases import cases  # noqa: E402
 from agents.pii import PhiScrubber  # noqa: E402
 
 PROBES = ROOT / "tests" / "agents" / "pii"
-CORPORA = ("phi_corpus", "casual_corpus", "shapes_dev", "shapes_held_out")
+CORPORA = (
+    "phi_corpus",
+    "casual_corpus",
+    "shapes_dev",
+    "shapes_held_out",
+    "shapes_held_out_2",
+    "shapes_held_out_3",
+)
 
 
 def _rows(name: str) -> list[dict]:

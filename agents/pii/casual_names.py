@@ -30,7 +30,8 @@ RELATIONS = (  # "mother in law" before "mother": the longer wins
     r"|mate|bf|gf|hubby|wifey|missus|bestie|housemate|classmate|teammate|boy|girl|kiddo|twin"
     r"|bro|sis|grandad|granddad|stepdad|stepmum|stepmom|godson|goddaughter|other\s+half"
     r"|(?:little|youngest|eldest|oldest|middle|older|younger|baby)\s+one|youngest|eldest|oldest"
-    r"|lodger|tenant|nanny|tutor|teacher|coach|physio|counsell?or|[a-z]*(?:minder|sitter|worker)"
+    r"|lodger|tenant|nanny|tutor|teacher|coach|physio|counsell?or|childminder|babysitter"
+    r"|(?:support|care|key|social)\s+worker"
 )
 _RELATION = rf"(?:{RELATIONS})(?:s|es|ren)?"  # my kids, my boys, my children
 # Who signs before their name: "love, nana jean", "cheers, big ted", "your lil sam".
@@ -54,7 +55,7 @@ class Token(Protocol):
 
 
 # Contexts for a lower-case name: (cue ending right before the name, what the word after it
-# must be to be taken as a name; see the checks below).
+# must be to be taken as a name (the checks below), words without which the cue cannot match).
 def _strong(text: str, token: Token, lex: Lexicon) -> bool:
     """A listed first name (no everyday word), or no English word at all."""
     return _lower_name(token.text, lex, unknown_ok=True, everyday_ok=False)
@@ -101,13 +102,17 @@ def _introduced(text: str, token: Token, lex: Lexicon) -> bool:
 
 
 def _after_title(text: str, token: Token, lex: Lexicon) -> bool:
-    """`dr patel`, `dr mbeki said`; not `dr said` or `dr appt tomorrow`."""
+    """`dr patel`, `dr mbeki said`, `mrs oyelaran`; not `dr said` or `dr appt tomorrow` (after
+    a doctor or a nurse a word the lists lack is a name only where a name's verb follows)."""
     word = token.text
     if not word.islower() or lex.is_known(word) or word in CASUAL_WORDS:
         return False
-    return lex.is_name(word) or (
-        _strong(text, token, lex) and _NAME_FOLLOWS.match(text, token.end) is not None
-    )
+    if lex.is_name(word) or (
+        _strong(text, token, lex)
+        and _PERSON_TITLE.search(text[max(0, token.start - 6) : token.start])
+    ):
+        return True
+    return _strong(text, token, lex) and _NAME_FOLLOWS.match(text, token.end) is not None
 
 
 _LOWER_CUES = [
@@ -117,6 +122,7 @@ _LOWER_CUES = [
             r"(?:\s+(?:is\s+)?(?:called|named))?\s*[,:(-]?\s*"
         ),
         _beside_relation,
+        (),
     ),
     (  # a signature ending the message: thx, chuy / love, nana jean / - bill / x, ruthie
         re.compile(
@@ -126,6 +132,7 @@ _LOWER_CUES = [
             rf"(?!{_ADDRESSEES}\b)(?=[a-zà-ÿ][\w'’-]*\s*[.!x]*\s*$)"
         ),
         _signature,
+        (),
     ),
     (  # she's called precious, a nurse called bronwyn, the baby is named ava
         re.compile(
@@ -133,19 +140,22 @@ _LOWER_CUES = [
             r"(?:called|named)\s+"
         ),
         _strong,
+        ("called", "named"),
     ),
-    (re.compile(rf"(?i)\b{_TITLE}\.?\s+"), _after_title),  # dr mbeki, nurse agnieszka
-    (re.compile(r"(?i)\bme\s+(?:and|n|&)\s+"), _listed),
+    (re.compile(rf"(?i)\b{_TITLE}\.?\s+"), _after_title, ()),  # dr mbeki, nurse agnieszka
+    (re.compile(r"(?i)\bme\s+(?:and|n|&)\s+"), _listed, ("me",)),
     (  # hi sarah, / hey jo! (not "hi doc")
         re.compile(
             r"(?i)(?:^|(?<=[.!?\n]))\s*(?:hi|hey|hiya|hello|dear|morning)[,!]?\s+"
             rf"(?!{_ADDRESSEES}\b)"
         ),
         _weak,
+        (),
     ),
-    (re.compile(r"(?i)\b(?:it'?s|i'?m|i\s+am|this\s+is)\s+"), _introduced),
-    (re.compile(r"(?i)\b(?:tell|ask|for|with|from)\s+"), _weak),
+    (re.compile(r"(?i)\b(?:it'?s|i'?m|i\s+am|this\s+is)\s+"), _introduced, ()),
+    (re.compile(r"(?i)\b(?:tell|ask|for|with|from)\s+"), _weak, ()),
 ]
+_PERSON_TITLE = re.compile(r"(?i)\b(?:mr|mrs|ms|miss|mx|prof)\.?\s+$")  # no one's job
 _NAME_FOLLOWS = re.compile(
     r"\s*(?:[,.!?;:)]|$)|\s+(?:said|says|told|tells|thinks|thought|reckons|wants|wanted|who"
     r"|gave|prescribed|asked|rang|called|saw)\b"
@@ -191,7 +201,10 @@ def casual_names(text: str, tokens: list[Token], lex: Lexicon) -> list[tuple[int
     """Lower-case names in the contexts of the module docstring, as (start, end, score)."""
     out = []
     at = {t.start: t for t in tokens}
-    for pattern, check in _LOWER_CUES:
+    low = text.lower()
+    for pattern, check, hints in _LOWER_CUES:
+        if hints and not any(h in low for h in hints):
+            continue  # most messages name no one "called" anything: skip the scan
         for match in pattern.finditer(text):
             token = at.get(match.end())
             if token is not None and check(text, token, lex):
@@ -208,7 +221,7 @@ def casual_names(text: str, tokens: list[Token], lex: Lexicon) -> list[tuple[int
             word = match.group("value")
             if not _relation(word) and _lower_name(word, lex, unknown_ok=True, everyday_ok=False):
                 out.append((*match.span("value"), 0.7))
-    out += _named(text, lex)
+    out += _named(text, lex) if "name" in low else []
     return out + _joined(text, out, lex)
 
 
@@ -216,6 +229,8 @@ def _lower_name(word: str, lex: Lexicon, unknown_ok: bool, everyday_ok: bool) ->
     """A lower-case word that can be a name where the context says one is due: a listed first
     name (no everyday word unless `everyday_ok`), or with `unknown_ok` no English word at all."""
     if not word.islower() or len(word) < 2 or norm(word) in NOT_NAMES or word in STOP_WORDS:
+        return False
+    if re.fullmatch(_TITLE, word):  # "my neighbour mrs oyelaran": the name is the next word
         return False
     if "-" in word.strip("-"):  # ruby-mae, jean-luc: every part a listed first name
         return all(lex.is_first(part) for part in word.split("-"))

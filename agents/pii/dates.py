@@ -26,8 +26,13 @@ _ON = (
     rf"(?:on|since|from|until|till|by|dated?|dob|born|admitted|discharged|visit|appointment"
     rf"|follow-?up(?:\s+is|\s+on)?|due|seen|before|after|starting|started|as\s+of|{_WEEKDAY})"
 )
-# What a fraction or a score is of: "by 1/2 a tablet", "on 3/4 of a dose".
-_NOT_A_FRACTION = r"(?!\s*(?:of|a|an|tabs?|tablets?|pills?|doses?|cups?|mg|ml)\b)"
+# What follows a date said as d/m after a date word: the end of a clause, or a word that is no
+# noun; a fraction is followed by what it is of ("by 1/2 a tablet", "on 1/2 strength formula").
+_DATE_END = (
+    r"(?=\s*(?:[,.;:!?)]|$)|\s+(?:at|and|or|but|so|when|then|i|we|he|she|they|it|this|that|my|his"
+    r"|her|our|in|on|to|till|until|for|with|by|from|was|is|were|had|have|has|after|before|around"
+    r"|about|&|-|–)(?![\w/]))"
+)
 # What may follow a day said alone ("on the 17th", "by the 3rd."), not a noun ("the 3rd dose").
 _DAY_END = (
     r"(?=\s*(?:[,.;:!?)]|$)|\s+(?:at|and|or|but|so|when|then|i|we|he|she|they|it|this|next|last"
@@ -84,7 +89,7 @@ DATE_RULES = [
     # 2/11, 9/2 or 13/10 only after a date word (a bare 7/10 is a pain score, 1/2 a dose)
     Rule(
         "DATE",
-        re.compile(rf"(?i)\b{_ON}\.?,?[:\s]+(?P<value>{_DM}/{_DM})(?![\d/]|\.\d){_NOT_A_FRACTION}"),
+        re.compile(rf"(?i)\b{_ON}\.?,?[:\s]+(?P<value>{_DM}/{_DM})(?![\d/]|\.\d){_DATE_END}"),
         0.75,
         lambda text, m: "DATE" if _day_and_month(m.group("value"), "/") else None,
     ),
@@ -92,7 +97,9 @@ DATE_RULES = [
     # (not "from the 3rd to the 8th": a span of days counts days, in a sum as much as a diary)
     Rule(
         "DATE",
-        re.compile(rf"(?i)\b{_ON}\.?,?\s+(?:the\s+)?(?P<value>{_ORDINAL})\b{_DAY_END}"),
+        re.compile(
+            rf"(?i)\b(?:{_ON}|around|about)\.?,?\s+(?:the\s+)?(?P<value>{_ORDINAL})\b{_DAY_END}"
+        ),
         0.7,
         lambda text, m: None if m.group(0).lower().startswith("from") else "DATE",
     ),

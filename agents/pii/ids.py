@@ -110,7 +110,8 @@ QUOTED_RULE = Rule("ID", _QUOTED, 0.6, _quoted_kind)
 CODE_FIRST_RULE = Rule(
     "ID",
     re.compile(
-        rf"(?i){VALUE}\s+(?:is|was|=)\s+(?:my|his|her|our|their|the)\s+(?:[a-z]+\s+){{0,2}}?"
+        rf"(?i)(?<![\w./()+:-])(?=\S*\d|[a-z]{{2,4}}\s\S*\d){VALUE}"  # a digit soon: fails fast
+        rf"\s+(?:is|was|=)\s+(?:my|his|her|our|their|the)\s+(?:[a-z]+\s+){{0,2}}?"
         rf"(?:{_CODE_WORDS}|{CUES['MRN']}|id)\b"
     ),
     0.6,

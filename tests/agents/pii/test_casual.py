@@ -4,7 +4,9 @@
 (54 messages) before the casual-name rules, which then were written against it (names caught
 10 of 47 before them); batch `held-out` (40 messages) after the rules, measured once (names 31
 of 35 then, 32 after fixing the word-boundary bug it exposed; 7 of 35 without the rules), and
-kept for regressions, not for tuning. Run with `-s` for the tables.
+kept for regressions, not for tuning (40 of 41 after the shape rules of `test_shapes.py`, whose
+sign-off, possessive and epithet contexts took gemma, elena and ted; its misses had been seen,
+so that is no held-out figure). Run with `-s` for the tables.
 The packs' own texts (tutoring problems, GSM8K, triage cases) hold names only capitalised:
 the casual rules must flag no lower-case word there.
 """
@@ -22,7 +24,7 @@ from agents.packs.triage_cases import cases
 from agents.pii import PhiScrubber
 
 CORPUS = [json.loads(line) for line in (Path(__file__).parent / "casual_corpus.jsonl").open()]
-FLOOR = {"dev": 0.94, "held-out": 0.90}  # measured 56/59 and 37/41
+FLOOR = {"dev": 0.94, "held-out": 0.97}  # measured 56/59 and 40/41
 
 
 @pytest.fixture(scope="module")

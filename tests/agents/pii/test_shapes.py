@@ -1,12 +1,23 @@
 """Identifier shapes in casual text: codes people quote as theirs, every way to write a date,
 lower-case names; and the clinical numbers that are none of these.
 
-Two probe sets, written for this check: `shapes_held_out.jsonl` first (68 identifiers, 30
-messages of clinical numbers), committed before the scrubber was changed for it and measured
-once, after; then `shapes_dev.jsonl` (65 identifiers, 20 messages of clinical numbers), which
-the rules were written against. Before the rules: dev 47/65, held-out 51/68. Run with `-s` for
-the tables. An identifier is caught when its raw value is gone and no distinctive part of it
-(a digit group, a name) is left; a date's year may stay, as Safe Harbor allows.
+Probe sets written for this check, each before the rules it measures. `shapes_held_out.jsonl`
+(68 identifiers, 30 messages of clinical numbers) was committed before the scrubber changed;
+`shapes_dev.jsonl` (65, 20) is what the rules were written against. Then each held-out set was
+measured once, what it missed was fixed as a shape, and a new set was written before the next
+measurement:
+
+| set        | before the rules | measured once | after the fixes it prompted |
+|------------|------------------|---------------|-----------------------------|
+| dev        | 47/65            | (tuned on)    | 65/65                       |
+| held-out   | 51/68            | 65/68         | 68/68                       |
+| held-out-2 | 27/41            | 35/41         | 40/41                       |
+| held-out-3 | 32/41            | 39/41         | 41/41                       |
+
+Once-measured, the three held-out sets give 139/150 (0.927; 110/150 before). The floors below
+keep today's figures. An identifier is caught when its raw value is gone and no distinctive part
+of it (a digit group, a name) is left; a date's year may stay, as Safe Harbor allows. Run with
+`-s` for the tables.
 """
 
 from __future__ import annotations
@@ -23,13 +34,17 @@ from agents.packs.triage_cases import cases
 from agents.pii import PhiScrubber
 
 HERE = Path(__file__).parent
-CORPORA = {
-    "dev": [json.loads(line) for line in (HERE / "shapes_dev.jsonl").open(encoding="utf-8")],
-    "held-out": [
-        json.loads(line) for line in (HERE / "shapes_held_out.jsonl").open(encoding="utf-8")
-    ],
+FILES = {
+    "dev": "shapes_dev.jsonl",
+    "held-out": "shapes_held_out.jsonl",
+    "held-out-2": "shapes_held_out_2.jsonl",
+    "held-out-3": "shapes_held_out_3.jsonl",
 }
-FLOOR = {"dev": 1.0, "held-out": 0.0}  # measured once: see the module docstring
+CORPORA = {
+    batch: [json.loads(line) for line in (HERE / name).open(encoding="utf-8")]
+    for batch, name in FILES.items()
+}
+FLOOR = {"dev": 1.0, "held-out": 1.0, "held-out-2": 0.97, "held-out-3": 1.0}  # 40/41: "pav"
 
 
 @pytest.fixture(scope="module")
@@ -124,6 +139,17 @@ def test_clinical_numbers_survive(scrubber, batch):
         ("this is ngozi's mum", "this is [NAME]'s mum"),
         ("x, ruthie", "x, [NAME]"),
         ("thank you so much, wren", "thank you so much, [NAME]"),
+        # what the held-out sets taught, as shapes
+        ("crn 2291 8812 is my number at the surgery", "[ID] is my number at the surgery"),
+        ("my chart at st marys is c-00912-7", "my chart at st marys is [ID]"),
+        ("the paramedics wrote 7781-XK on my hand", "the paramedics wrote [ID] on my hand"),
+        ("my number at the clinic is FC 20 118", "my number at the clinic is [ID]"),
+        ("i'm nikos btw, 45", "i'm [NAME] btw, 45"),
+        ("our little one, ines, wont settle", "our little one, [NAME], wont settle"),
+        ("my son's friend, bilal, was sick", "my son's friend, [NAME], was sick"),
+        ("my daughters ruby-mae and isla", "my daughters [NAME] and [NAME]"),
+        ("my neighbour mrs oyelaran fell", "my neighbour mrs [NAME] fell"),
+        ("due again around the 30th", "due again around the [DATE]"),
     ],
 )
 def test_identifier_shapes(scrubber, text, expected):
@@ -151,6 +177,9 @@ def test_identifier_shapes(scrubber, text, expected):
         "paracetamol and me don't get on",
         "a thing called sciatica, hi doc, thanks, doc",
         "he worked every day from the 3rd to the 8th",
+        "on 2.5/10 mg of the combo pill, she's on 1/2 strength formula",
+        "i'm dizzy. i'm asthmatic, btw",
+        "a 10-year-old with a 3-day-old rash",
     ],
 )
 def test_clinical_numbers_and_words_are_no_identifiers(scrubber, text):
