@@ -54,8 +54,6 @@ class Token(Protocol):
     text: str
 
 
-# Contexts for a lower-case name: (cue ending right before the name, what the word after it
-# must be to be taken as a name (the checks below), words without which the cue cannot match).
 def _strong(text: str, token: Token, lex: Lexicon) -> bool:
     """A listed first name (no everyday word), or no English word at all."""
     return _lower_name(token.text, lex, unknown_ok=True, everyday_ok=False)
@@ -115,6 +113,8 @@ def _after_title(text: str, token: Token, lex: Lexicon) -> bool:
     return _strong(text, token, lex) and _NAME_FOLLOWS.match(text, token.end) is not None
 
 
+# Contexts for a lower-case name: (cue ending right before the name, what the word after it
+# must be to be taken as a name (the checks above), words without which the cue cannot match).
 _LOWER_CUES = [
     (  # my son jake, our baby noah, my little brother jimmy, my wife, fatima, my son (fintan)
         re.compile(
