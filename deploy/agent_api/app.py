@@ -42,6 +42,7 @@ from deploy.agent_api.schemas import (
     RunResponse,
     errors,
 )
+from deploy.agent_api.security_headers import SecurityHeaders
 from deploy.agent_api.services import open_services, phi_scrubber, score_rule_of
 from deploy.agent_api.streaming import router as streaming_router
 from deploy.agent_api.users import router as users_router
@@ -141,7 +142,9 @@ def create_app(
 
     app = FastAPI(title="arloop agent API", version="1", lifespan=lifespan)
     app.add_middleware(FeedbackFastPath)
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, error=_too_large)  # outermost
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, error=_too_large)
+    docs = (app.docs_url, app.redoc_url, app.swagger_ui_oauth2_redirect_url)
+    app.add_middleware(SecurityHeaders, docs=docs)  # outermost: its 413 gets the headers too
     install_error_handlers(app)
     for routes in (router, streaming_router, history_router, pages_router, users_router):
         app.include_router(routes)
