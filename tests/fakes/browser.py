@@ -8,7 +8,9 @@ fails these tests with the command that installs it, never skips them.
 from __future__ import annotations
 
 import os
+import re
 import shutil
+from collections.abc import Callable
 
 import pytest
 
@@ -54,3 +56,28 @@ def page(browser):
     context = browser.new_context(viewport={"width": 1200, "height": 900})
     yield context.new_page()
     context.close()
+
+
+# Recorded in each document before its own scripts run: what its Content-Security-Policy refused.
+RECORD_REFUSALS = """
+window.__refused = [];
+document.addEventListener("securitypolicyviolation", (e) => window.__refused.push(
+  e.violatedDirective + " refused " + (e.blockedURI || "inline") + " at " + e.sourceFile + ":" + e.lineNumber));
+"""
+REFUSAL_WORDS = re.compile(r"Content Security Policy|Trusted ?Type|Permissions-Policy", re.I)
+
+
+def watch_refusals(page) -> Callable[[], list[str]]:
+    """Call before `page.goto`; returns `refused()`: what the current document's CSP refused
+    (inline script or style, eval, markup written outside the Trusted Types policy) and what
+    Chromium's console said of CSP, Trusted Types or a header it could not parse, so far."""
+    console: list[str] = []
+    page.on("console", lambda m: console.append(m.text) if REFUSAL_WORDS.search(m.text) else None)
+    page.add_init_script(RECORD_REFUSALS)
+
+    def refused() -> list[str]:
+        # a task later: a violation already queued has been dispatched, and its console line sent
+        later = "() => new Promise((done) => setTimeout(() => done(window.__refused || []), 0))"
+        return page.evaluate(later) + console
+
+    return refused
