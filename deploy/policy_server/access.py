@@ -78,10 +78,13 @@ class TokenBudget:
         self._spent: dict[str, deque[tuple[float, int]]] = defaultdict(deque)
         self._lock = threading.Lock()
 
-    def take(self, key: PolicyKey | None, tokens: int, now: float | None = None) -> None:
-        """Reserve `tokens` for `key`, or a 429 saying when the window has room again."""
+    def take(
+        self, key: PolicyKey | None, tokens: int, now: float | None = None
+    ) -> tuple[float, int] | None:
+        """Reserve `tokens` for `key` (the reservation, for `give_back`), or a 429 saying when
+        the window has room again."""
         if self.per_minute is None:
-            return
+            return None
         now = time.monotonic() if now is None else now
         name = key.name if key is not None else ""
         with self._lock:
@@ -99,3 +102,14 @@ class TokenBudget:
                 error.retry_after = max(1, math.ceil(window[0][0] + 60 - now)) if window else 60
                 raise error
             window.append((now, tokens))
+        return window[-1]
+
+    def give_back(self, key: PolicyKey | None, reservation: tuple[float, int] | None) -> None:
+        """Cancel a reservation nothing was generated for (the request was refused with 503,
+        or its client left while it waited)."""
+        if reservation is None:
+            return
+        with self._lock:
+            window = self._spent[key.name if key is not None else ""]
+            if reservation in window:
+                window.remove(reservation)

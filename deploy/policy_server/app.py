@@ -16,6 +16,7 @@ from typing import Any
 
 import redis
 import torch
+import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
@@ -27,6 +28,7 @@ from deploy.body_limit import BodyLimit
 from deploy.credentials import PolicyKey
 from deploy.logs import setup_logging
 from deploy.policy_server.access import Caller, TokenBudget, may_sample_rejected
+from deploy.policy_server.admission import Admission
 from deploy.policy_server.completions import ServerState, chat_completions
 from deploy.policy_server.engines import build_engine, choose_engine
 from deploy.policy_server.heartbeat import Heartbeat
@@ -57,6 +59,13 @@ def create_app(
         raise ValueError("PolicyServerSettings.redis_url is unset: resolve it with ensure_redis()")
 
     metrics = PolicyMetrics()
+    admission = Admission(
+        slots=settings.max_batch_size,
+        queue_tokens=settings.policy_queue_tokens,
+        queue_wait_s=settings.policy_queue_wait_s,
+        grace_s=settings.policy_shutdown_grace_s,
+        metrics=metrics,
+    )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -84,7 +93,7 @@ def create_app(
         engine.generation.start()
         budget = TokenBudget(settings.key_tokens_per_minute)
         app.state.policy = ServerState(
-            settings, versions, engine.generation, metrics, engine.label, budget
+            settings, versions, engine.generation, metrics, engine.label, budget, admission
         )
         try:
             yield
@@ -96,6 +105,7 @@ def create_app(
 
     app = FastAPI(title="arloop policy server", lifespan=lifespan)
     app.state.policy_keys = list(settings.policy_keys)
+    app.state.admission = admission  # PolicyServer closes it on SIGTERM
     _install_errors(app)
     app.add_middleware(BodyLimit, max_bytes=settings.policy_max_body_bytes, error=_too_large)
     app.add_middleware(_CountRequests, metrics=metrics)
@@ -103,7 +113,7 @@ def create_app(
     app.post(
         CHAT_PATH,
         responses={200: {"content": stream, "description": "A chat.completion, or its chunks"}}
-        | documented(400, 401, 403, 404, 413, 429, 500),
+        | documented(400, 401, 403, 404, 413, 429, 500, 503),
     )(chat_completions)
     app.get("/v1/models", responses=documented(401, 413))(list_models)
     app.get("/v1/models/{model}", responses=documented(401, 404, 413))(retrieve_model)
@@ -145,8 +155,9 @@ async def _models(request: Request, key: PolicyKey | None) -> list[dict[str, Any
 
 
 async def healthz(request: Request) -> JSONResponse:
-    """What this process serves: aliases, loaded versions, each one's checkpoint digest; 503
-    with the problems when the registry's champion is not what it serves (it cannot load)."""
+    """What this process serves: aliases, loaded versions, each one's checkpoint digest, its
+    queue; 503 with the problems when the registry's champion is not what it serves (it cannot
+    load)."""
     st: ServerState = request.app.state.policy
     versions = st.versions
     problems = versions.problems()
@@ -158,6 +169,7 @@ async def healthz(request: Request) -> JSONResponse:
         "digests": versions.digests(),
         "problems": problems,
         "notices": versions.notices,
+        "admission": st.admission.state(),
     }
     return JSONResponse(body, status_code=503 if problems else 200)
 
@@ -244,8 +256,6 @@ class _CountRequests:
 
 def serve() -> None:
     """`arloop serve policy`: settings from ARLOOP_*, Redis (embedded if unset), then uvicorn."""
-    import uvicorn
-
     from deploy.embedded_redis import ensure_redis
 
     settings = PolicyServerSettings()
@@ -266,19 +276,41 @@ def serve() -> None:
         tool_format_of(settings),
         engine,
     )
-    uvicorn.run(
-        create_app(settings),
+    app = create_app(settings)
+    config = uvicorn.Config(
+        app,
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level.lower(),
         log_config=None,  # uvicorn's lines, access lines too, go through setup_logging's handler
     )
+    server = PolicyServer(config, app.state.admission)
+    server.run()
+    if not server.started:  # the lifespan failed (its log says why), as uvicorn.run exits
+        raise SystemExit(3)
 
 
-if __name__ == "__main__":
-    serve()
+class PolicyServer(uvicorn.Server):
+    """uvicorn with a bounded shutdown (SIGTERM, SIGINT): admission closes first (queued
+    requests 503 now, generating ones cut at `policy_shutdown_grace_s`); uvicorn's own wait for
+    connections is cut a few seconds after that, for a request stuck elsewhere (a version
+    loading)."""
+
+    def __init__(self, config: uvicorn.Config, admission: Admission) -> None:
+        if config.timeout_graceful_shutdown is None:
+            config.timeout_graceful_shutdown = admission.grace_s + 5  # type: ignore[assignment]
+        super().__init__(config)
+        self.admission = admission
+
+    async def shutdown(self, sockets=None) -> None:
+        self.admission.close()
+        await super().shutdown(sockets)
 
 
 def _too_large(max_bytes: int) -> dict[str, Any]:
     reason = f"the request body is over {max_bytes} bytes (ARLOOP_POLICY_MAX_BODY_BYTES)"
     return error_body(OpenAIError(413, reason))
+
+
+if __name__ == "__main__":
+    serve()

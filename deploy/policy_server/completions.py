@@ -4,19 +4,21 @@ rows in the engine, and answer in one body or as server-sent events."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import Request
-from fastapi.responses import StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 from starlette.background import BackgroundTask
 
 from deploy.credentials import PolicyKey
 from deploy.logs import bind
 from deploy.policy_server.access import Caller, TokenBudget, may_sample_rejected, rejected_refusal
+from deploy.policy_server.admission import Admission, Ticket
 from deploy.policy_server.metrics import PolicyMetrics
 from deploy.policy_server.openai_wire import (
     ChatRequest,
@@ -33,6 +35,9 @@ from learner.policy.generation.engine import FinishEvent, GenerationEngine, Row
 from learner.policy.registry import UnknownVersion, VersionStatus
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
+CLIENT_GONE = 499  # nginx's "client closed request": the request metric's code (nobody reads it)
+_EXPIRED = object()  # put on a run's queue when shutdown's grace runs out
 
 
 @dataclass
@@ -43,6 +48,7 @@ class ServerState:
     metrics: PolicyMetrics
     engine_label: str  # `llamacpp-f16` or `transformers-fp32`: which numerics gave the logprobs
     budget: TokenBudget
+    admission: Admission
 
 
 async def chat_completions(req: ChatRequest, request: Request, key: Caller):
@@ -53,20 +59,21 @@ async def chat_completions(req: ChatRequest, request: Request, key: Caller):
     log.debug("key %s, user %s", key.name if key else None, req.user)
     policy = await lease(st, target_of(req.model, st.settings.served_name), key)
     bind(version=policy.version)
-    try:  # off the event loop: a long prompt's tokens or a grammar cost CPU time
-        ready = await asyncio.to_thread(prepare, req, policy.tokenizer, policy.context, st.settings)
+    watch = ClientWatch(request)
+    try:
+        ready, ticket = await _admit(st, req, policy, key, watch)
+    except ClientGone:
+        st.versions.release(policy)
+        return Response(status_code=CLIENT_GONE)
     except BaseException:
         st.versions.release(policy)
-        raise
-    try:
-        st.budget.take(key, sum(p.max_tokens for p in ready.params))
-    except OpenAIError:
-        st.versions.release(policy)
+        watch.stop()
         raise
     prompt_ids = ready.prompt_ids
     st.metrics.prompt_tokens.inc(len(prompt_ids))
-    run = _Run(st, policy, ready, stream=req.stream)
+    run = _Run(st, policy, ready, ticket, stream=req.stream)
     if req.stream:
+        watch.stop()  # from here the streaming response listens for the disconnect
         # close() runs when the stream ends, and again (a no-op) after the response: a client
         # that leaves before the first chunk never starts the generator, so never runs its finally.
         events = _stream(req, run, request_id)
@@ -74,9 +81,12 @@ async def chat_completions(req: ChatRequest, request: Request, key: Caller):
             events, media_type="text/event-stream", background=BackgroundTask(run.close)
         )
     try:
-        finishes = await run.finishes()
+        finishes = await watch.unless_gone(run.finishes())
+    except ClientGone:
+        return Response(status_code=CLIENT_GONE)
     finally:
         run.close()
+        watch.stop()
     failed = [f for f in finishes if f.finish_reason == "error"]
     if failed:
         raise OpenAIError(500, f"generation failed: {failed[0].error}", code="generation_error")
@@ -92,18 +102,44 @@ async def chat_completions(req: ChatRequest, request: Request, key: Caller):
     )
 
 
-class _Run:
-    """One request's rows in the engine, the queue their events come back on, and its lease."""
+async def _admit(
+    st: ServerState,
+    req: ChatRequest,
+    policy: LoadedPolicy,
+    key: PolicyKey | None,
+    watch: ClientWatch,
+) -> tuple[Prepared, Ticket]:
+    """The request prepared, its key's tokens reserved (429 over), and its place in the engine
+    (503 when the queue is full, the wait too long, or the server shuts down)."""
+    # off the event loop: a long prompt's tokens or a grammar cost CPU time
+    ready = await asyncio.to_thread(prepare, req, policy.tokenizer, policy.context, st.settings)
+    asked = sum(p.max_tokens for p in ready.params)
+    reserved = st.budget.take(key, asked)
+    try:
+        cost = asked + len(ready.prompt_ids)
+        ticket = await watch.unless_gone(st.admission.enter(len(ready.params), cost))
+    except BaseException:
+        st.budget.give_back(key, reserved)  # refused or left before anything was generated
+        raise
+    return ready, ticket
 
-    def __init__(self, st: ServerState, policy: LoadedPolicy, ready: Prepared, stream: bool):
+
+class _Run:
+    """One request's rows in the engine, the queue their events come back on, its place in
+    admission and its lease."""
+
+    def __init__(
+        self, st: ServerState, policy: LoadedPolicy, ready: Prepared, ticket: Ticket, stream: bool
+    ):
         loop = asyncio.get_running_loop()
-        self.st, self.policy, self.finished = st, policy, []
+        self.st, self.policy, self.ticket, self.finished = st, policy, ticket, []
         self.queue: asyncio.Queue = asyncio.Queue()
         self._closed = False
+        ticket.on_expire = lambda: self.queue.put_nowait(_EXPIRED)
 
         def emit(event) -> None:
             try:
-                loop.call_soon_threadsafe(self.queue.put_nowait, event)
+                loop.call_soon_threadsafe(self._arrive, event)
             except RuntimeError:  # the loop is gone (shutdown): nobody is listening
                 pass
 
@@ -122,10 +158,18 @@ class _Run:
         ]
         st.engine.submit(self.rows)
 
+    def _arrive(self, event: Any) -> None:
+        """On the loop: queue an engine event; a finished row frees its slot at once."""
+        self.queue.put_nowait(event)
+        if isinstance(event, FinishEvent):
+            self.st.admission.row_done(self.ticket)
+
     async def events(self) -> AsyncIterator[Any]:
         pending = len(self.rows)
         while pending:
             event = await self.queue.get()
+            if event is _EXPIRED:
+                raise self.st.admission.shutdown_error()
             if isinstance(event, FinishEvent):
                 pending -= 1
                 self.finished.append(event)
@@ -135,14 +179,20 @@ class _Run:
         return [e async for e in self.events() if isinstance(e, FinishEvent)]
 
     def close(self) -> None:
-        """Stop rows nobody waits for, count tokens, end the lease; safe to call twice."""
+        """Stop rows nobody waits for (the engine drops them at its next step), count tokens,
+        free the request's place and end the lease; safe to call twice."""
         if self._closed:
             return
         self._closed = True
-        for row in self.rows:
-            row.cancelled = row.finish_reason is None
+        cut = [row for row in self.rows if row.finish_reason is None]
+        for row in cut:
+            row.cancelled = True
+        if cut:
+            why = "shutdown" if self.st.admission.closing else "client_gone"
+            self.st.metrics.cancelled.labels(reason=why).inc()
         generated = sum(len(f.token_ids) for f in self.finished)
         self.st.metrics.generated_tokens.labels(version=self.policy.version).inc(generated)
+        self.st.admission.leave(self.ticket)
         self.st.versions.release(self.policy)
 
 
@@ -155,16 +205,20 @@ async def _stream(req: ChatRequest, run: _Run, rid: str):
         extra["prompt_token_ids"] = run.rows[0].prompt_ids
     try:
         yield writer.chunk([c.first() for c in choices], **extra)
-        async for ev in run.events():
-            if not isinstance(ev, FinishEvent):
-                for delta in choices[ev.index].on_token(ev):
+        try:
+            async for ev in run.events():
+                if not isinstance(ev, FinishEvent):
+                    for delta in choices[ev.index].on_token(ev):
+                        yield writer.chunk([delta])
+                    continue
+                if ev.finish_reason == "error":
+                    yield sse(error_body(OpenAIError(500, f"generation failed: {ev.error}")))
+                    break
+                for delta in choices[ev.index].on_finish(ev):
                     yield writer.chunk([delta])
-                continue
-            if ev.finish_reason == "error":
-                yield sse(error_body(OpenAIError(500, f"generation failed: {ev.error}")))
-                break
-            for delta in choices[ev.index].on_finish(ev):
-                yield writer.chunk([delta])
+        except OpenAIError as exc:  # shutdown's grace ran out: say so, end the stream
+            yield sse(error_body(exc))
+            return
         if req.stream_options and req.stream_options.include_usage:
             completion = sum(len(f.token_ids) for f in run.finished)
             usage = {
@@ -176,6 +230,41 @@ async def _stream(req: ChatRequest, run: _Run, rid: str):
         yield sse("[DONE]")
     finally:
         run.close()  # also when the client left early: stop generating for it
+
+
+class ClientGone(Exception):
+    """The client closed its connection before its answer."""
+
+
+class ClientWatch:
+    """Waits beside the handler for the request's `http.disconnect` (its body is read: the next
+    message the server gives is that one), so that a wait ends when the client leaves."""
+
+    def __init__(self, request: Request) -> None:
+        self._task = asyncio.ensure_future(self._disconnect(request.receive))
+
+    @staticmethod
+    async def _disconnect(receive) -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+
+    async def unless_gone(self, awaitable: Awaitable[T]) -> T:
+        """What `awaitable` gives, or ClientGone (it is cancelled) when the client leaves first."""
+        work = asyncio.ensure_future(awaitable)
+        try:
+            await asyncio.wait({work, self._task}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            work.cancel()
+            raise
+        if work.done():
+            return work.result()
+        work.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await work
+        raise ClientGone
+
+    def stop(self) -> None:
+        self._task.cancel()
 
 
 async def lease(st: ServerState, target: str, key: PolicyKey | None) -> LoadedPolicy:

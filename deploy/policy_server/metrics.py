@@ -6,7 +6,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 
 class PolicyMetrics:
-    """Requests, tokens, batch sizes, loads and the version each alias serves."""
+    """Requests, tokens, batch sizes, admission, loads and the version each alias serves."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
@@ -32,6 +32,28 @@ class PolicyMetrics:
         )
         self.request_seconds = Histogram(
             "arloop_policy_request_seconds", "Time to the full response.", registry=r
+        )
+        self.running_rows = Gauge(
+            "arloop_policy_running_rows",
+            "Rows (choices) of the requests admitted to the engine.",
+            registry=r,
+        )
+        self.queued_tokens = Gauge(
+            "arloop_policy_queued_tokens",
+            "Tokens (n x max_tokens plus the prompt) of the requests waiting for the engine.",
+            registry=r,
+        )
+        self.refused = Counter(
+            "arloop_policy_refused",
+            "Requests answered 503 by admission: queue_full, queue_timeout, shutting_down.",
+            ["reason"],
+            registry=r,
+        )
+        self.cancelled = Counter(
+            "arloop_policy_cancelled",
+            "Requests whose generation was cancelled: client_gone, shutdown.",
+            ["reason"],
+            registry=r,
         )
         self.loads = Counter("arloop_policy_version_loads", "Versions loaded.", registry=r)
         self.load_failures = Counter(

@@ -58,7 +58,7 @@ _WHY = {
     413: "The body is over ARLOOP_POLICY_MAX_BODY_BYTES.",
     429: "The key's completion tokens a minute are spent (Retry-After says when).",
     500: "Generation failed.",
-    503: "The registry's champion cannot load (the server serves another meanwhile).",
+    503: "Busy (`queue_full`, `queue_timeout`) or `shutting_down`: Retry-After says when to retry.",
 }
 
 

@@ -92,6 +92,19 @@ class PolicyServerSettings(ModelSettings):
     """Completion tokens (`n` x `max_tokens`, reserved as a request starts) one policy key may
     ask for a minute, 429 with Retry-After above; without keys, all callers together. Unset:
     no limit."""
+    policy_queue_tokens: int = Field(16384, ge=0)
+    """Tokens the requests waiting for the engine may hold (each: `n` x `max_tokens` plus its
+    prompt's tokens; the engine itself takes `max_batch_size` rows at once, a request with more
+    choices alone). A request that would pass it gets 503 `queue_full` with Retry-After at
+    once. 0: no queue (a request the engine has no room for is refused)."""
+    policy_queue_wait_s: float = Field(30.0, gt=0)
+    """Longest a request waits in the queue; past it: 503 `queue_timeout` with Retry-After.
+    Retry-After on both is this bound: by then every request queued now has started or been
+    refused."""
+    policy_shutdown_grace_s: float = Field(10.0, ge=0)
+    """On SIGTERM: queued requests get 503 `shutting_down` at once, the ones generating get this
+    long to finish, then are cancelled (503, or an error event on a stream) and the process
+    exits (a few seconds later: the engine's step, the registry follower's stop)."""
 
     @field_validator("policy_keys", mode="before")
     @classmethod

@@ -14,7 +14,7 @@ import torch
 import uvicorn
 
 from deploy.embedded_redis import free_port
-from deploy.policy_server.app import create_app
+from deploy.policy_server.app import PolicyServer, create_app
 from deploy.policy_server.settings import PolicyServerSettings
 from learner.policy.models import load_base
 from learner.policy.registry import CHAMPION, PolicyRegistry, PolicyVersion
@@ -55,14 +55,26 @@ def tiny_settings(redis_url: str, **overrides) -> PolicyServerSettings:
 def running_server(
     settings: PolicyServerSettings, *, uvicorn_options: dict | None = None, **app_kwargs
 ) -> Iterator[str]:
-    """uvicorn serving `create_app(settings)` in a thread; yields the `/v1` base URL."""
+    """`create_app(settings)` served as `arloop serve policy` serves it, in a thread; yields the
+    `/v1` base URL."""
+    with serving(settings, uvicorn_options=uvicorn_options, **app_kwargs) as (base, _, _):
+        yield base
+
+
+@contextmanager
+def serving(
+    settings: PolicyServerSettings, *, uvicorn_options: dict | None = None, **app_kwargs
+) -> Iterator[tuple[str, PolicyServer, threading.Thread]]:
+    """`running_server`, also yielding the server (`should_exit = True` is what SIGTERM does)
+    and the thread it runs on."""
+    app = create_app(settings, **app_kwargs)
     config = uvicorn.Config(
-        create_app(settings, **app_kwargs),
+        app,
         host="127.0.0.1",
         port=settings.port,
         **({"log_level": "warning", "lifespan": "on"} | (uvicorn_options or {})),
     )
-    server = uvicorn.Server(config)
+    server = PolicyServer(config, app.state.admission)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 60
@@ -71,7 +83,7 @@ def running_server(
             raise RuntimeError("policy server did not start")
         time.sleep(0.02)
     try:
-        yield f"http://127.0.0.1:{settings.port}/v1"
+        yield f"http://127.0.0.1:{settings.port}/v1", server, thread
     finally:
         server.should_exit = True
         thread.join(timeout=30)
