@@ -7,6 +7,7 @@ runs, what waits and what was cancelled is decided by the test, not by the machi
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -378,3 +379,41 @@ def _outcome(base: str, body: dict) -> int | str:
         return "timeout"
     except httpx.HTTPError as exc:
         return type(exc).__name__
+
+
+def test_requests_are_admitted_in_order_and_a_large_one_alone():
+    """A request with more choices than the batch waits for the engine to empty and runs
+    alone; one behind it is not let past it (nothing starves); finished rows free their slots."""
+    from deploy.policy_server.admission import Admission
+    from deploy.policy_server.metrics import PolicyMetrics
+
+    async def scenario() -> list[str]:
+        admission = Admission(
+            slots=4, queue_tokens=1000, queue_wait_s=30, grace_s=1, metrics=PolicyMetrics()
+        )
+        order: list[str] = []
+
+        async def request(name: str, rows: int):
+            ticket = await admission.enter(rows, 10)
+            order.append(name)
+            return ticket
+
+        small = await request("small", 2)
+        large = asyncio.ensure_future(request("large", 6))
+        after = asyncio.ensure_future(request("after", 1))  # would fit beside "small"
+        await asyncio.sleep(0)
+        assert order == ["small"] and admission.state()["queued"] == 2
+        admission.row_done(small)
+        admission.row_done(small)  # the engine is empty: "large" starts, alone
+        big = await large
+        await asyncio.sleep(0)
+        assert order == ["small", "large"] and admission.state()["running_rows"] == 6
+        admission.leave(small)
+        admission.leave(big)
+        await after
+        assert admission.state() == {
+            "running_rows": 1, "queued": 0, "queued_tokens": 0, "shutting_down": False,
+        }  # fmt: skip
+        return order
+
+    assert asyncio.run(scenario()) == ["small", "large", "after"]
