@@ -15,7 +15,7 @@ router = APIRouter()
 
 
 @router.delete(
-    "/v1/users/{user_id}", response_model=ErasedView, responses=errors(401, 403, 422, 503)
+    "/v1/users/{user_id}", response_model=ErasedView, responses=errors(401, 403, 422, 429, 500, 503)
 )
 async def forget(
     user_id: Annotated[UserId, Path(description="The user as this key names them.")],
@@ -25,5 +25,9 @@ async def forget(
     user may erase only that user); the learner erases its copy at its next poll. Weights
     already trained on the data are not retrained."""
     stored = caller.user(user_id)
-    erased = await forget_user(caller.services.redis, stored)
+    services = caller.services
+    key_rate = caller.rate_per_minute(services.settings.key_rate_per_minute)
+    # an erasure scans the streams: a few a minute per user, the key's rate for all its users
+    await services.limiter.hit("erasures", stored, 6, credential=(caller.key.name, key_rate))
+    erased = await forget_user(services.redis, stored)
     return ErasedView(user_id=user_id, **erased.view())

@@ -168,3 +168,14 @@ def test_a_user_can_be_erased_and_no_one_else_is_touched(api, redis_client):
     assert listed(api, "k-acme") == [other["trajectory_id"]]
     assert listed(api, "k-beta") == [beta_same_name["trajectory_id"]]  # beta's patient-7 stays
     assert run(api, "k-acme", "patient-7")["output"]  # the user may come back
+
+
+def test_erasures_are_rate_limited_per_user(api):
+    """An erasure scans the streams: at most 6 a minute for one user."""
+    api.hold_rate_window()
+    statuses = [
+        api.http.delete("/v1/users/patient-7", headers=auth("k-acme")).status_code
+        for _ in range(7)
+    ]
+    assert statuses == [200] * 6 + [429]
+    assert api.http.delete("/v1/users/patient-8", headers=auth("k-acme")).status_code == 200
