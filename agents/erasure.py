@@ -1,5 +1,6 @@
 """Erase one user's data from Redis: threads (records and LangGraph checkpoints), long-term
-memory, rate windows, and their events in the streams; then ask the learner to erase its copy.
+memory and their events in the streams; then ask the learner to erase its copy. Rate windows,
+counters named by the pseudonym alone, expire within two minutes (and count erasures too).
 
 The request is recorded last (`FORGET_REQUESTS`: stored user id -> when): by then the user's
 events are gone from the streams, so whatever the learner read of them is already in its store
@@ -20,7 +21,6 @@ from agents.checkpoints import make_checkpointer
 from agents.events import (
     FORGET_REQUESTS,
     MEMORY_PREFIX,
-    RATE_PREFIX,
     STREAM_DEAD,
     STREAM_FEEDBACK,
     STREAM_TRAJECTORIES,
@@ -52,7 +52,6 @@ async def forget_user(client: aioredis.Redis, user_id: str) -> Erased:
         await checkpoints.adelete_thread(thread_id)
         await client.delete(f"{THREAD_PREFIX}:{thread_id}", f"{THREAD_PREFIX}:{thread_id}:lock")
     memories = await _delete_matching(client, f"{MEMORY_PREFIX}:{user_id}:*")
-    await _delete_matching(client, f"{RATE_PREFIX}:*:{user_id}:*")
     events = 0
     for stream in STREAMS:
         events += await _delete_entries(client, stream, json.dumps(user_id).encode())

@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from agents.events import FORGET_REQUESTS, STREAM_FEEDBACK, STREAM_TRAJECTORIES, decode
+from agents.events import FORGET_REQUESTS, RATE_PREFIX, STREAM_FEEDBACK, STREAM_TRAJECTORIES, decode
 from tests.fakes.scripted_llm import Reply
 
 EMAIL = "alice.smith@example.org"
@@ -103,11 +103,11 @@ def test_another_tenants_token_is_refused_with_or_without_a_user_id(api, redis_c
     assert correct(api, "k-acme", acme) == 202
 
 
-def every_byte(redis_client, but: str = "") -> bytes:
-    """Every key name and every value Redis holds (but one key), concatenated."""
+def every_byte(redis_client, but: tuple[str, ...] = ()) -> bytes:
+    """Every key name and every value Redis holds (but keys starting so), concatenated."""
     out = []
     for key in redis_client.scan_iter(count=1000):
-        if key == but.encode():
+        if key.decode().startswith(but):
             continue
         out.append(key)
         kind = redis_client.type(key)
@@ -158,7 +158,8 @@ def test_a_user_can_be_erased_and_no_one_else_is_touched(api, redis_client):
     assert erased.status_code == 200, erased.text
     assert erased.json() == {"user_id": "patient-7", "threads": 2, "memories": 0, "events": 3}
     gone = api.stored("patient-7", "acme")
-    assert gone.encode() not in every_byte(redis_client, but=FORGET_REQUESTS)
+    # the erasure request, and rate windows (counters that expire within two minutes)
+    assert gone.encode() not in every_byte(redis_client, but=(FORGET_REQUESTS, RATE_PREFIX))
     assert redis_client.hexists(FORGET_REQUESTS, gone)  # the learner erases its copy next
     for thread in (mine["thread_id"], again["thread_id"]):
         seen = api.http.get(
@@ -174,8 +175,7 @@ def test_erasures_are_rate_limited_per_user(api):
     """An erasure scans the streams: at most 6 a minute for one user."""
     api.hold_rate_window()
     statuses = [
-        api.http.delete("/v1/users/patient-7", headers=auth("k-acme")).status_code
-        for _ in range(7)
+        api.http.delete("/v1/users/patient-7", headers=auth("k-acme")).status_code for _ in range(7)
     ]
     assert statuses == [200] * 6 + [429]
     assert api.http.delete("/v1/users/patient-8", headers=auth("k-acme")).status_code == 200
