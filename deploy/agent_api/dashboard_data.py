@@ -24,18 +24,22 @@ from agents.events import (
 )
 from deploy.agent_api import svg
 from deploy.agent_api.traffic import Tally
+from deploy.credentials import DEFAULT_TENANT
 from deploy.stream_stats import all_stats
 
 ROUND_METRICS = ("reward", "kl", "entropy", "clip_ratio", "completions/mean_length")
 """The per-round charts, by TRL's metric names (a version is one learner round)."""
 
 
-def snapshot(client: redis.Redis, tally: Tally, canary_share: float) -> dict[str, Any]:
-    """Everything the dashboard page shows, JSON-ready, with its charts as SVG."""
+def snapshot(
+    client: redis.Redis, tally: Tally, canary_share: float, tenant: str = DEFAULT_TENANT
+) -> dict[str, Any]:
+    """Everything the dashboard page shows, JSON-ready, with its charts as SVG: live traffic
+    is `tenant`'s; the registry, canary, streams, learner and servers are the deployment's."""
     tally.refresh(client)
     aliases = {_s(k): _s(v) for k, v in client.hgetall(POLICY_ALIASES).items()}
     versions = read_versions(client)
-    traffic = tally.traffic()
+    traffic = tally.traffic(tenant)
     held_out = held_out_success(versions)
     servers = serving(client)
     rows = [_row(v, aliases, held_out, traffic, servers) for v in versions]

@@ -40,16 +40,17 @@ for path, file in PAGES.items():
 
 
 @router.get("/v1/dashboard", responses=errors(401, 503))
-async def dashboard(services: ServicesDep, _: CallerDep) -> dict[str, Any]:
-    """The loop at a glance: versions (held-out success, live traffic, gate), rounds, canary,
-    streams, learner, and what each policy server serves; charts as SVG."""
-    share = services.settings.canary_share
-    return await asyncio.to_thread(snapshot, services.reader, services.tally, share)
+async def dashboard(services: ServicesDep, caller: CallerDep) -> dict[str, Any]:
+    """The loop at a glance: versions (held-out success, the caller's tenant's live traffic,
+    gate), rounds, canary, streams, learner, and what each policy server serves; charts as SVG."""
+    share, tenant = services.settings.canary_share, caller.key.tenant
+    return await asyncio.to_thread(snapshot, services.reader, services.tally, share, tenant)
 
 
 @router.get("/v1/report-card", responses=errors(401, 503))
-async def report_card(services: ServicesDep, _: CallerDep) -> dict[str, Any]:
-    """Per agent and version: goal consistency, error recovery, self-reflection use, stress
-    cases (definitions: the README's "Agent report card")."""
+async def report_card(services: ServicesDep, caller: CallerDep) -> dict[str, Any]:
+    """Per agent and version, over the caller's tenant's runs: goal consistency, error
+    recovery, self-reflection use; and the deployment's stress cases (definitions: the
+    README's "Agent report card")."""
     await asyncio.to_thread(services.tally.refresh, services.reader)
-    return {"agents": services.tally.report_card()}
+    return {"agents": services.tally.report_card(caller.key.tenant)}

@@ -34,7 +34,8 @@ class Services:
     user_key: bytes = b""
     """The key of the user ids' pseudonyms (`AgentApiSettings.pseudonym_key`)."""
     tally: Tally = field(default_factory=Tally)
-    """Live traffic and report-card counts, read from the streams as the dashboard polls."""
+    """Live traffic and report-card counts per tenant (those of `settings.api_keys`), read
+    from the streams as the dashboard polls."""
     background: set[asyncio.Task] = field(default_factory=set)
     """Streamed runs in flight, held so a run whose client left still ends (and is logged)."""
 
@@ -89,6 +90,7 @@ def open_services(
         metrics,
         reader,
         user_key=settings.pseudonym_key(),
+        tally=Tally({key.tenant for key in settings.api_keys}),
     )
 
 

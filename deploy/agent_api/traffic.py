@@ -1,18 +1,36 @@
-"""Live traffic per policy version, and the report card's counts, read from the streams.
+"""Live traffic per policy version, and the report card's counts, read from the streams, per
+tenant and in bounded memory.
 
 `Tally.refresh` reads only what was added since its last call (XRANGE after a cursor per
-stream, at most `max_entries` a call), so a dashboard polling every few seconds costs little.
-Each agent API process keeps its own tally from the start of the streams (what the learner has
-not trimmed yet). Feedback carries the version that answered (from its signed token), so the
-per-version figures need no join: a run is "rated" when any feedback names it.
+stream, `BATCH` entries at a time, at most `max_entries` a call), so a dashboard polling every
+few seconds costs little and a poll holds at most `BATCH` entries at once. Each agent API
+process keeps its own tally from the start of the streams (what retention has left). Feedback
+carries the version that answered (from its signed token), so the per-version figures need no
+join.
+
+Whose figures: a run and its feedback count for the tenant of their stored user
+(`deploy.credentials.tenant_of`); only the tenants of the API's keys are kept, and a caller is
+shown its own tenant's. Stress cases (`arloop stress`, synthetic runs on the eval stream) are
+the deployment's, shown to every tenant with the registry.
+
+What memory they take, whatever the traffic:
+- per tenant, at most `MAX_VERSIONS` versions and `MAX_CARDS` agent-and-version cards: the
+  least recently active goes first, and starts again from zero if it comes back;
+- a run is "rated" when any user feedback names it. The ids of the latest `RATED_WINDOW`
+  rated runs are kept (`RecentIds`, about 8 bytes an id): a run rated again after more than
+  that many other runs were rated since its first feedback counts as rated twice (feedback
+  comes soon after its run; at 10 rated runs a second that is 1.7 hours later).
 """
 
 from __future__ import annotations
 
+import bisect
 import threading
-from collections import defaultdict
+from array import array
+from collections import deque
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import redis
 
@@ -27,8 +45,15 @@ from agents.events import (
     decode,
 )
 from deploy.agent_api import report_card as rc
+from deploy.credentials import DEFAULT_TENANT, tenant_of
 
-BATCH = 1000
+BATCH = 100
+"""Entries one XRANGE reads: a run can be tens of kilobytes, and a batch's decoded events are
+all in memory at once (1,000 grew the process by megabytes a poll)."""
+MAX_VERSIONS = 64
+MAX_CARDS = 256
+RATED_WINDOW = 65_536
+RATED_CHUNK = 4_096
 
 
 @dataclass
@@ -44,7 +69,7 @@ class VersionTraffic:
     def view(self) -> dict[str, Any]:
         thumbs = self.thumbs_up + self.thumbs_down
         return asdict(self) | {
-            "feedback_rate": self.rated / self.runs if self.runs else None,
+            "feedback_rate": min(1.0, self.rated / self.runs) if self.runs else None,
             "thumbs_up_rate": self.thumbs_up / thumbs if thumbs else None,
         }
 
@@ -94,14 +119,94 @@ def _rate(hits: int, n: int) -> dict[str, Any]:
     return {"hits": hits, "n": n, "rate": hits / n if n else None}
 
 
-class Tally:
-    """Per-version traffic and per agent-and-version report card counts, kept up to date."""
+K = TypeVar("K")
+V = TypeVar("V")
 
-    def __init__(self, max_entries: int = 50_000) -> None:
+
+class Recent(Generic[K, V]):
+    """A dict of at most `cap` entries: the least recently touched one goes first."""
+
+    def __init__(self, cap: int, factory: Callable[[], V]) -> None:
+        self.cap, self.factory = cap, factory
+        self._items: dict[K, V] = {}
+
+    def touch(self, key: K) -> V:
+        """The entry of `key` (made if new), now the most recent."""
+        value = self._items.pop(key, None)
+        if value is None:
+            value = self.factory()
+            if len(self._items) >= self.cap:
+                del self._items[next(iter(self._items))]
+        self._items[key] = value
+        return value
+
+    def get(self, key: K) -> V | None:
+        return self._items.get(key)
+
+    def items(self) -> Iterator[tuple[K, V]]:
+        return iter(list(self._items.items()))
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+class RecentIds:
+    """Whether an id is among the last `window` added (and up to `chunk` more), in about 8 bytes
+    an id: the newest as a set of their 64-bit hashes, the older ones as sorted arrays of
+    `chunk` hashes (two ids share a hash with a chance of about window² / 2^65: 1e-10 at
+    65,536)."""
+
+    def __init__(self, window: int = RATED_WINDOW, chunk: int = RATED_CHUNK) -> None:
+        self.chunk = chunk
+        self._new: set[int] = set()
+        self._old: deque[array] = deque(maxlen=-(-window // chunk))
+
+    def add(self, item: str) -> bool:
+        """Remember `item`; False when it was already there."""
+        key = hash(item)
+        if key in self._new or any(_holds(old, key) for old in self._old):
+            return False
+        self._new.add(key)
+        if len(self._new) >= self.chunk:
+            self._old.append(array("q", sorted(self._new)))
+            self._new = set()
+        return True
+
+    def __len__(self) -> int:
+        return len(self._new) + sum(len(old) for old in self._old)
+
+    def nbytes(self) -> int:
+        """What the hashes take (the set's table included), bytes."""
+        return self._new.__sizeof__() + 32 * len(self._new) + sum(a.__sizeof__() for a in self._old)
+
+
+def _holds(sorted_keys: array, key: int) -> bool:
+    i = bisect.bisect_left(sorted_keys, key)
+    return i < len(sorted_keys) and sorted_keys[i] == key
+
+
+class TenantFigures:
+    """One tenant's live traffic per version and report-card counts per agent and version."""
+
+    def __init__(self) -> None:
+        self.versions: Recent[str, VersionTraffic] = Recent(MAX_VERSIONS, VersionTraffic)
+        self.cards: Recent[tuple[str, str], CardCounts] = Recent(MAX_CARDS, CardCounts)
+
+
+class Tally:
+    """Per tenant: per-version traffic and per agent-and-version report card counts, kept up
+    to date from the streams (see the module docstring for what it keeps)."""
+
+    def __init__(
+        self,
+        tenants: Collection[str] = (DEFAULT_TENANT,),
+        max_entries: int = 50_000,
+        rated_window: int = RATED_WINDOW,
+    ) -> None:
         self.max_entries = max_entries
-        self.versions: dict[str, VersionTraffic] = defaultdict(VersionTraffic)
-        self.cards: dict[tuple[str, str], CardCounts] = defaultdict(CardCounts)
-        self._rated: set[str] = set()
+        self.tenants = {t: TenantFigures() for t in tenants}
+        self.stress: Recent[tuple[str, str], CardCounts] = Recent(MAX_CARDS, CardCounts)
+        self.rated = RecentIds(rated_window)
         self._cursor = {
             s: "-" for s in (STREAM_TRAJECTORIES, STREAM_FEEDBACK, STREAM_EVAL_TRAJECTORIES)
         }
@@ -130,30 +235,50 @@ class Tally:
         except EventDecodeError:
             return  # a poison entry: the learner dead-letters it
         if isinstance(event, TrajectoryEvent):
-            if stream == STREAM_TRAJECTORIES and rc.stress_case(event) is None:
-                self.versions[event.policy_version].runs += 1
-            if stream == STREAM_TRAJECTORIES or rc.stress_case(event) is not None:
-                self.cards[(event.agent, event.policy_version)].add(event)
+            self._take_run(stream, event)
         elif isinstance(event, FeedbackEvent) and event.source == "user":
-            mine = self.versions[event.policy_version]
-            mine.feedback += 1
-            if event.trajectory_id not in self._rated:
-                self._rated.add(event.trajectory_id)
-                mine.rated += 1
-            if event.kind is FeedbackKind.THUMBS:
-                mine.thumbs_up += event.value == 1
-                mine.thumbs_down += event.value == -1
+            self._take_feedback(event)
 
-    def traffic(self) -> dict[str, dict[str, Any]]:
-        with self._lock:
-            return {v: t.view() for v, t in self.versions.items()}
+    def _take_run(self, stream: str, event: TrajectoryEvent) -> None:
+        key = (event.agent, event.policy_version)
+        if rc.stress_case(event) is not None:
+            self.stress.touch(key).add(event)
+            return
+        mine = self.tenants.get(tenant_of(event.user_id))
+        if stream == STREAM_TRAJECTORIES and mine is not None:
+            mine.versions.touch(event.policy_version).runs += 1
+            mine.cards.touch(key).add(event)
 
-    def report_card(self) -> list[dict[str, Any]]:
+    def _take_feedback(self, event: FeedbackEvent) -> None:
+        mine = self.tenants.get(tenant_of(event.user_id))
+        if mine is None:
+            return
+        traffic = mine.versions.touch(event.policy_version)
+        traffic.feedback += 1
+        traffic.rated += self.rated.add(event.trajectory_id)
+        if event.kind is FeedbackKind.THUMBS:
+            traffic.thumbs_up += event.value == 1
+            traffic.thumbs_down += event.value == -1
+
+    def traffic(self, tenant: str = DEFAULT_TENANT) -> dict[str, dict[str, Any]]:
+        """Version -> the tenant's live traffic on it."""
         with self._lock:
-            return [
-                {"agent": agent, "version": version, **card.view()}
-                for (agent, version), card in sorted(self.cards.items())
-            ]
+            mine = self.tenants.get(tenant)
+            return {v: t.view() for v, t in mine.versions.items()} if mine else {}
+
+    def report_card(self, tenant: str = DEFAULT_TENANT) -> list[dict[str, Any]]:
+        """Per agent and version: the tenant's runs by the card's rules, and the stress cases."""
+        with self._lock:
+            mine = self.tenants.get(tenant)
+            cards = dict(mine.cards.items()) if mine else {}
+            stress = dict(self.stress.items())
+            out = []
+            for agent, version in sorted(cards.keys() | stress.keys()):
+                card = cards.get((agent, version)) or CardCounts()
+                cases = stress.get((agent, version)) or CardCounts()
+                view = card.view() | {"stress": cases.view()["stress"]}
+                out.append({"agent": agent, "version": version, **view})
+            return out
 
 
 def _s(value: bytes | str) -> str:
