@@ -173,9 +173,12 @@ async def visit(
     b: Behaviour,
     rng: random.Random,
     silent: bool | None = None,
+    cohort: str | None = None,
 ) -> Visit:
-    """One user: ask, read, judge, wait, send feedback."""
-    run = await client.run(task.agent, task.input, user_id)
+    """One user: ask, read, judge, wait, send feedback; `cohort` tags the run's metadata (user
+    ids are stored as pseudonyms: the tag is what tells a round's runs apart in Redis)."""
+    tags = {"metadata": {"cohort": cohort}} if cohort else {}
+    run = await client.run(task.agent, task.input, user_id, **tags)
     v = judge(pack, task, run["output"], run.get("tools", []), b.max_words)
     bodies = feedback_for(v, task, b, rng, silent)
     out = Visit(
@@ -226,6 +229,7 @@ async def run_traffic(
                 behaviour,
                 random.Random(f"{seed}/{i}"),
                 quiet,
+                cohort=prefix,
             )
         if on_visit is not None:
             on_visit(done)

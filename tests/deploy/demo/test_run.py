@@ -101,8 +101,8 @@ def test_a_used_data_directory_is_refused(tmp_path, capsys):
 def test_the_closing_visit_is_logged_but_not_learned_from(demo):
     _, folder, client, _ = demo
     closing = json.loads((folder / "report.json").read_text())["rounds"][-1]
-    users = f"r{3 * 1000 + closing['round']}-"  # the demo's traffic prefix for that round
-    runs = [t for t in events(client, STREAM_TRAJECTORIES) if t.user_id.startswith(users)]
+    cohort = f"r{3 * 1000 + closing['round']}"  # the demo's traffic prefix for that round
+    runs = [t for t in events(client, STREAM_TRAJECTORIES) if t.metadata.get("cohort") == cohort]
     assert len(runs) == closing["runs"] == 8
     assert {t.policy_version for t in runs} == {closing["served_by"]}
     rated = {f.trajectory_id for f in events(client, STREAM_FEEDBACK)}
