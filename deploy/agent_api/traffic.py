@@ -19,7 +19,7 @@ What memory they take, whatever the traffic:
 - a run is "rated" when any user feedback names it. The ids of the latest `RATED_WINDOW`
   rated runs are kept (`RecentIds`, about 8 bytes an id): a run rated again after more than
   that many other runs were rated since its first feedback counts as rated twice (feedback
-  comes soon after its run; at 10 rated runs a second that is 1.7 hours later).
+  comes soon after its run; at 10 rated runs a second that is 1.8 hours later).
 """
 
 from __future__ import annotations
