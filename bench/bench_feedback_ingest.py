@@ -6,7 +6,7 @@ keep-alive HTTP client posts feedback with valid, distinct tokens from many user
 post is accepted: API key, token check, value check, user and key rate windows, replay
 marker and XADD in one Lua call; a well-formed post is served before FastAPI's routing, by
 `deploy/agent_api/ingest.py`). The peer (`bench/feedback_peer.py`: a pydantic body, the
-HMAC check, one XADD) runs under the same uvicorn settings on the same Redis and gets the
+sealed-token check, one XADD) runs under the same uvicorn settings on the same Redis and gets the
 same posts. Then `redis-benchmark` XADDs entries of the same size to the same server and runs the
 intake's Lua call itself: how many accepted events one Redis core takes from all replicas. The
 goal: arloop at 0.8x the peer or better.
@@ -223,7 +223,7 @@ def main() -> None:
             f"{cpu / accepted * 1e6:.0f} us/event"
         )
         print(
-            f"peer (pydantic body, HMAC check, XADD; same uvicorn settings): {peer_accepted} "
+            f"peer (pydantic body, token check, XADD; same uvicorn settings): {peer_accepted} "
             f"accepted ({peer_stream} in its stream, all rounds) in {peer_seconds:.2f} s = "
             f"{peer_rate:,.0f} events/s; server CPU {peer_cpu / peer_accepted * 1e6:.0f} us/event"
         )
