@@ -55,7 +55,6 @@ def stream_stats(client: redis.Redis, stream: str, now: float | None = None) -> 
     last = _s(group["last-delivered-id"]) if group else "0-0"
     undelivered = client.xrange(stream, min=f"({last}", count=LAG_CAP + 1)
     lag = min(len(undelivered), LAG_CAP)
-    first = client.xrange(stream, count=1)
     oldest = _ms(_s(undelivered[0][0])) / 1000 if undelivered else now
     return StreamStats(
         stream=stream,
@@ -65,22 +64,22 @@ def stream_stats(client: redis.Redis, stream: str, now: float | None = None) -> 
         lag_seconds=max(0.0, now - oldest),
         pending=int(group["pending"]) if group else 0,
         group=group is not None,
-        trimmed_unread=_trimmed_unread(client, stream, group, length, first, last),
+        trimmed_unread=_trimmed_unread(client, stream, group, length, last),
     )
 
 
 def _trimmed_unread(
-    client: redis.Redis, stream: str, group: dict | None, length: int, first: list, last: str
+    client: redis.Redis, stream: str, group: dict | None, length: int, last: str
 ) -> int | None:
-    """Entries the group never read that are gone from the stream (see the module docstring)."""
-    if group is None or group.get("entries-read") is None:
-        return None if group is None or "entries-read" not in group else 0
+    """Entries the group never read that are gone from the stream (see the module docstring);
+    None where Redis keeps no counters (6.2) or no learner has started."""
+    if group is None or "entries-read" not in group:
+        return None
+    first = client.xrange(stream, count=1)
     if not first or _key(_s(first[0][0])) <= _key(last):
         return 0  # the stream still starts at or before what the group read: no gap now
-    added = client.xinfo_stream(stream).get("entries-added")
-    if added is None:
-        return None
-    return max(0, int(added) - int(group["entries-read"]) - length)
+    read = int(group["entries-read"] or 0)  # nil until the group has read anything
+    return max(0, int(client.xinfo_stream(stream)["entries-added"]) - read - length)
 
 
 def all_stats(client: redis.Redis) -> dict[str, Any]:

@@ -3,9 +3,10 @@
 One handler answers every `ArloopError` (tokens, threads, feedback, rate limits, unknown agents,
 the policy endpoint's 502/504); Redis being down, full (OOM), read-only or a cluster node that
 points elsewhere is a 503 saying which, and another command Redis refused a 500 naming its kind:
-never Redis's own message, which names internal keys (the operator's log has it). Bodies that do not validate keep FastAPI's 422 shape, with each
-echoed input made safe to send: FastAPI's own handler echoes NaN, Infinity or a lone surrogate
-as it came and then fails to serialise it (a 500 for bad input).
+never Redis's own message, which names internal keys (the operator's log has it). Bodies that
+do not validate keep FastAPI's 422 shape, with each echoed input made safe to send: FastAPI's
+own handler echoes NaN, Infinity or a lone surrogate as it came and then fails to serialise it
+(a 500 for bad input).
 """
 
 from __future__ import annotations

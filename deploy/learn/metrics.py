@@ -133,6 +133,7 @@ class LearnerTelemetry:
         """Why the champion cannot load (None: it can), asked at each refresh."""
         self.champion_problem: str | None = None
         self._next = 0.0
+        self._trimmed: dict[str, int | None] = {}  # stream -> trimmed_unread last reported
 
     def round_done(self, version: str, metrics: dict[str, float], seconds: float) -> None:
         self.metrics.observe_round(metrics, seconds)
@@ -170,14 +171,16 @@ class LearnerTelemetry:
         self._next = now + self.interval_s
         stats = all_stats(self.client)
         self.metrics.observe_streams(stats)
-        for s in stats["streams"]:
-            if s.get("trimmed_unread"):
+        for s in stats["streams"]:  # said once per gap, not at every refresh while it lasts
+            trimmed = s.get("trimmed_unread")
+            if trimmed and trimmed != self._trimmed.get(s["stream"]):
                 log.warning(
                     "%s: %d entries were dropped by retention before the learner read them "
                     "(ARLOOP_STREAM_MAX_ENTRIES): the learner fell that far behind",
                     s["stream"],
-                    s["trimmed_unread"],
+                    trimmed,
                 )
+            self._trimmed[s["stream"]] = trimmed
         if self.check_champion is not None:
             self.champion_problem = self.check_champion()
         status = {

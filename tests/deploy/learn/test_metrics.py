@@ -2,13 +2,21 @@
 
 import io
 import json
+import logging
 
 import httpx
+import pytest
 from rich.console import Console
 
-from agents.events import LEARNER_STATUS, STREAM_DEAD, STREAM_FEEDBACK, STREAM_TRAJECTORIES
+from agents.events import (
+    LEARNER_GROUP,
+    LEARNER_STATUS,
+    STREAM_DEAD,
+    STREAM_FEEDBACK,
+    STREAM_TRAJECTORIES,
+)
 from deploy.embedded_redis import free_port
-from deploy.learn.metrics import serve_metrics
+from deploy.learn.metrics import LearnerTelemetry, serve_metrics
 from deploy.learn.runner import Learner
 from deploy.learn.settings import LearnerSettings
 from tests.learner.learner_events import feedback, trajectory, xadd
@@ -69,3 +77,22 @@ def test_a_round_and_the_streams_show_on_metrics_and_in_the_status(
     finally:
         server.shutdown()
         learner.store.close()
+
+
+def test_entries_retention_dropped_unread_are_a_gauge_and_one_warning(redis_client, caplog):
+    """Issue 36, item 6: the learner says so once per gap, not at every status refresh."""
+    if int(redis_client.info("server")["redis_version"].split(".")[0]) < 7:
+        pytest.skip("Redis 6.2 keeps no entries-added / entries-read counters")
+    redis_client.xgroup_create(STREAM_FEEDBACK, LEARNER_GROUP, id="0", mkstream=True)
+    redis_client.xadd(STREAM_FEEDBACK, {"n": 0})
+    redis_client.xreadgroup(LEARNER_GROUP, "learner", {STREAM_FEEDBACK: ">"}, count=1)
+    for n in range(10):
+        redis_client.xadd(STREAM_FEEDBACK, {"n": n}, maxlen=4, approximate=False)
+    telemetry = LearnerTelemetry(redis_client, "learner", interval_s=60)
+    with caplog.at_level(logging.WARNING, logger="arloop.learner"):
+        telemetry.refresh(force=True)
+        telemetry.refresh(force=True)
+    warned = [r for r in caplog.records if "dropped by retention" in r.getMessage()]
+    assert len(warned) == 1 and "6 entries" in warned[0].getMessage()  # 11 added, 1 read, 4 kept
+    rendered = telemetry.metrics.render().decode()
+    assert f'arloop_learner_trimmed_unread{{stream="{STREAM_FEEDBACK}"}} 6.0' in rendered
