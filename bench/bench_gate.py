@@ -39,8 +39,8 @@ import redis
 from agents.events import EVAL_CACHE_PREFIX
 from deploy.demo.run import DemoOptions, stack_env
 from deploy.demo.stack import Stack, StackError
+from deploy.learn.agent_runs import gate_runner
 from deploy.learn.settings import LearnerSettings
-from deploy.learn.suite_runner import gate_runner
 from learner.gate.draws import draw_seed, stratified_order
 from learner.gate.stats import paired_comparison
 from learner.policy.registry import PolicyRegistry

@@ -132,17 +132,18 @@ def run_eval(
     as_json: bool,
 ) -> int:
     """Gate `version` (default: the newest) against `against`; print the report."""
-    from deploy.learn.release_control import GateLines
-    from deploy.learn.suite_runner import SuiteMissing, gate_runner
+    from deploy.learn.agent_runs import gate_runner
+    from learner.gate.control import GateLines
     from learner.gate.eval_gate import ERROR, PASS
     from learner.gate.release import apply_verdict
+    from learner.gate.runner import SuiteMissing
     from learner.store import Store
 
     registry, url = open_registry(settings)
     store_path = settings.data_dir / "learner" / "store.db"
     store = Store(store_path) if store_path.exists() else None
     try:
-        lines = GateLines(Console(stderr=True) if as_json else console)  # JSON stays clean
+        lines = GateLines((Console(stderr=True) if as_json else console).print)  # JSON stays clean
         gate = gate_runner(
             settings, url, registry, store, progress=lines.progress, looked=lines.looked
         )

@@ -5,10 +5,11 @@ The order is the crash-safety argument:
    (a crash here leaves a folder no ledger row names: removed on restart, events retrained);
 2. one store transaction commits the version row and the ledger of the events it learned from
    (after this the events are trained, whatever happens next);
-3. the registry learns of the version (READY) and, when no eval gate is configured,
-   `PolicyRegistry.promote` moves `champion` from the parent to it, the version CHAMPION and
-   the parent RETIRED in the same write; with a gate, the release flow moves the aliases
-   (`learner/gate/release.py`). A crash before this is finished by `recover` on restart.
+3. the registry learns of the version (READY): publishing stops there. With no eval gate
+   configured (`promote`), the release rule for that case (`learner.gate.release.release_ungated`,
+   through the one `promote` and its checks) moves `champion` from the parent to it before the
+   store marks the version registered; with a gate, the release flow moves the aliases
+   (`learner/gate/control.py`). A crash before this is finished by `recover` on restart.
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from learner.crashpoints import crash_point
+from learner.gate.release import release_ungated
 from learner.policy.models import REQUIRED_FILES
-from learner.policy.registry import CHAMPION, AliasConflict, PolicyRegistry, PolicyVersion
+from learner.policy.registry import PolicyRegistry, PolicyVersion
 from learner.store import CommittedVersion, Store
 
 log = logging.getLogger(__name__)
@@ -164,17 +166,11 @@ def register(
 def _promote(
     registry: PolicyRegistry, committed: CommittedVersion, actor: str
 ) -> tuple[bool, str | None]:
-    """Move champion parent -> version: the path when no eval gate is configured."""
-    if registry.aliases().get(CHAMPION) == committed.version:
-        return True, None  # recovery after the move: it was made, with its statuses, at once
-    try:
-        registry.promote(
-            committed.version, expect=committed.parent, reason="learner round", actor=actor
-        )
-    except AliasConflict as exc:
-        log.warning("%s published but not champion: %s", committed.version, exc)
-        return False, str(exc)
-    return True, None
+    """Release the version with the gate off; (champion, why not)."""
+    why = release_ungated(registry, committed.version, committed.parent, actor=actor)
+    if why:
+        log.warning("%s published but not champion: %s", committed.version, why)
+    return why is None, why
 
 
 @dataclass(frozen=True)

@@ -18,9 +18,9 @@ from agents.packs.base import Pack
 from agents.policy_client import PolicyConfig
 from deploy.demo.report import comparison
 from deploy.demo.stack import Stack
-from deploy.learn.eval_runs import EvalRuns
-from deploy.learn.suite_runner import GateRunner, Suite
+from deploy.learn.agent_runs import agent_suite
 from learner.gate.eval_gate import GateConfig, sequential_summary
+from learner.gate.runner import GateRunner
 from learner.policy.registry import BASE_VERSION, CHAMPION, PolicyRegistry
 
 
@@ -56,8 +56,16 @@ def final_comparison(
         def progress(what: str, done: int, total: int) -> None:
             bar.update(task, description=f"final check: {what}", completed=done, total=total)
 
-        runs = EvalRuns(stack.redis.url, policy, concurrency, config.solved_at, progress=progress)
-        gate = GateRunner(registry, Suite([pack], runs, temperature), config)
+        suite = agent_suite(
+            stack.redis.url,
+            [pack],
+            policy,
+            temperature,
+            concurrency=concurrency,
+            solved_at=config.solved_at,
+            progress=progress,
+        )
+        gate = GateRunner(registry, suite, config)
         evaluation = gate.run(final, BASE_VERSION, guards=False)
     test = sequential_summary(evaluation.test, config)
     return comparison(BASE_VERSION, final, test, evaluation.episodes)

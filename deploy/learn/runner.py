@@ -31,6 +31,7 @@ from deploy.learn.ranks import LAUNCH_LINE, PeerLost, Team, follow, join, launch
 from deploy.learn.round_line import summary_line
 from deploy.learn.settings import LearnerSettings
 from deploy.learn.trackers import Trackers, TrackerUnavailable
+from deploy.logs import log_context
 from learner.policy.registry import CANDIDATE, CHAMPION, PolicyRegistry
 from learner.publish import recover
 from learner.rounds import RoundAborted, RoundResult, run_round
@@ -74,21 +75,40 @@ class Learner:
         self.telemetry.check_champion = self.champion_problem
         self.release = None
         if settings.gate_packs():
-            from deploy.learn.release_control import ReleaseControl
-            from deploy.learn.suite_runner import SuiteMissing  # the gate's imports: only with one
-
-            try:
-                self.release = ReleaseControl(
-                    settings, self.redis_url, self.registry, self.store, self.console
-                )
-            except SuiteMissing as exc:
-                raise LearnerConfigError(f"{exc}; fix ARLOOP_EVAL_PACKS") from exc
+            self.release = self._release_control()
             self.release.on_canary = self.telemetry.canary_checked
         self.stopping = threading.Event()
         self.last: RoundResult | None = None
         self.last_error: str | None = None
         self._last_round = self._last_trim = time.monotonic()
         self._retry_at = 0.0  # after a failed round, wait before the next try
+
+    def _release_control(self):
+        """The gate on the agents of ARLOOP_EVAL_PACKS, and the canary (imported only with one)."""
+        from deploy.learn.agent_runs import gate_runner
+        from learner.gate.control import GateLines, ReleaseControl
+        from learner.gate.runner import SuiteMissing
+
+        s, lines = self.s, GateLines(self.console.print)
+        try:
+            gate = gate_runner(
+                s,
+                self.redis_url,
+                self.registry,
+                self.store,
+                progress=lines.progress,
+                looked=lines.looked,
+            )
+        except SuiteMissing as exc:
+            raise LearnerConfigError(f"{exc}; fix ARLOOP_EVAL_PACKS") from exc
+        return ReleaseControl(
+            gate,
+            self.store,
+            s.canary,
+            actor=s.consumer,
+            say=self.console.print,
+            tag=lambda version: log_context(version=version),
+        )
 
     def start(self, once: bool = False) -> bool:
         """The lease, groups, the base version, a rewound registry reconciled, and recovery of

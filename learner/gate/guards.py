@@ -85,7 +85,7 @@ class GuardResult:
 
 @dataclass(frozen=True)
 class GuardEvidence:
-    """Everything the guards look at, as plain numbers (gathered by `deploy/learn/suite_runner.py`)."""
+    """Everything the guards look at, as plain numbers (gathered by `learner/gate/runner.py`)."""
 
     kl: float | None = None  # mean per-token KL(candidate || reference), nats
     candidate_entropy: float | None = None  # mean token entropy, same tokens

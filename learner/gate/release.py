@@ -4,8 +4,9 @@ Each move is one registry write (`PolicyRegistry.promote`, `open_candidate`,
 `withdraw_candidate`, `reject`): the compare-and-set of an alias, the status changes it implies
 (the table beside `VersionStatus`) and its events on `arloop:policy:events`, all at once. Two
 learners or operators racing: one wins, the other gets `AliasConflict`; `arloop policy list`
-shows who moved what and why. This module adds the release rules on top: a rejected version
-needs `force`, a version whose checkpoint is gone is never promoted. A rejected version never
+shows who moved what and why. This module adds the release rules on top, and is the one path every promotion takes (the
+gate's, an operator's, and with the gate off a round's): a rejected version needs `force`, a
+version whose checkpoint is gone is never promoted. A rejected version never
 moves `champion`.
 """
 
@@ -70,9 +71,17 @@ def open_candidate(registry: PolicyRegistry, version: str, *, actor: str) -> Non
 
 
 def promote(
-    registry: PolicyRegistry, version: str, *, actor: str, reason: str, force: bool = False
+    registry: PolicyRegistry,
+    version: str,
+    *,
+    actor: str,
+    reason: str,
+    force: bool = False,
+    parent: str | None = None,
 ) -> str | None:
-    """`champion` -> version (compare-and-set against the champion read now); returns the old one."""
+    """`champion` -> version, compare-and-set against `parent` when given (a round's version
+    replaces the one it trained from), else against the champion read now; returns the old one.
+    Every promotion passes here: the gate's, an operator's, a round's with the gate off."""
     record = registry.get(registry.resolve(version))
     version = record.version
     if record.status is VersionStatus.REJECTED and not force:
@@ -82,8 +91,23 @@ def promote(
     problem = checkpoint_problem(record)
     if problem:
         raise ReleaseError(f"cannot promote {version}: {problem}")
-    current = registry.aliases().get(CHAMPION)
+    current = parent or registry.aliases().get(CHAMPION)
     return registry.promote(version, expect=current, reason=reason, actor=actor)
+
+
+def release_ungated(
+    registry: PolicyRegistry, version: str, parent: str, *, actor: str
+) -> str | None:
+    """With the gate off, a round's published version is released at once: `promote` from its
+    parent. None when it is the champion (again: a recovery after the move finds it made), else
+    why it stays READY (another writer moved `champion`, or its checkpoint cannot be served)."""
+    if registry.aliases().get(CHAMPION) == version:
+        return None
+    try:
+        promote(registry, version, actor=actor, reason="learner round", parent=parent)
+    except (AliasConflict, ReleaseError) as exc:
+        return str(exc)
+    return None
 
 
 def end_canary(registry: PolicyRegistry, version: str, *, actor: str, reason: str) -> None:

@@ -108,7 +108,7 @@ def test_eval_without_a_pack_or_with_the_server_down_exits_2(arloop, registry, t
         "eval",
         "--json",
         "--apply",
-        ARLOOP_EVAL_PACKS='["tests.deploy.learn.test_suite_runner:echo_pack"]',
+        ARLOOP_EVAL_PACKS='["tests.deploy.learn.test_agent_runs:echo_pack"]',
         ARLOOP_POLICY_API_BASE=f"http://127.0.0.1:{free_port()}/v1",
     )
     assert down.exit_code == 2 and '"verdict": "error"' in down.output

@@ -20,6 +20,8 @@ from tests.learner.learner_fixtures import tiny_round_plan
 
 
 def _save_files(folder: Path) -> None:
+    """A LoRA checkpoint's files as promotion checks them (`checkpoint_problem`)."""
+    (folder / "adapter_config.json").write_text("{}")
     (folder / "adapter_model.safetensors").write_bytes(b"weights")
 
 
@@ -114,6 +116,18 @@ def test_a_moved_champion_is_reported_and_the_version_stays_published(store, reg
     published = register(store, registry, _committed(store, tmp_path, "v2"), "test")
     assert not published.champion and "another writer" in published.conflict
     assert registry.exists("v2") and registry.resolve(CHAMPION) == "v1"
+
+
+def test_with_the_gate_off_a_version_whose_checkpoint_is_gone_stays_ready(
+    store, registry, tmp_path
+):
+    registry.next_version()
+    committed = _committed(store, tmp_path)
+    (committed.checkpoint / "adapter_config.json").unlink()  # lost after the commit
+    published = register(store, registry, committed, "test")
+    assert not published.champion and "has no adapter_config.json" in published.conflict
+    assert registry.get("v1").status is VersionStatus.READY
+    assert registry.resolve(CHAMPION) == "v0"
 
 
 def test_recover_finishes_a_register_the_crash_cut_short(store, registry, tmp_path):

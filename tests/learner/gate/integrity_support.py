@@ -33,12 +33,12 @@ from agents.policy_client import PolicyClient, PolicyConfig
 from agents.runtime import AgentRuntime
 from agents.threads import Threads
 from agents.trajectory_sink import TrajectorySink
-from deploy.learn.eval_runs import EvalRuns, Item
-from deploy.learn.suite_runner import GateRunner, Suite
+from deploy.learn.agent_runs import agent_suite, gate_task
 from learner.config import RoundConfig
 from learner.episodes import Episode
 from learner.gate.eval_gate import GateConfig, GateReport
 from learner.gate.evidence import answer_tokens
+from learner.gate.runner import GateRunner, Suite
 from learner.labels import Grounding, find_labels
 from learner.policy.chat_format import HERMES
 from learner.policy.registry import PolicyRegistry
@@ -113,8 +113,9 @@ def bank_world(redis_url: str, folder: Path, runs_per_task: int = 4) -> Iterator
             max_tokens=48,
         )
         traffic = asyncio.run(_log_traffic(redis_url, policy, runs_per_task))
-        runs = EvalRuns(redis_url, replace(policy, temperature=0.0), 8)
-        suite = Suite([bank_pack()], runs, temperature=0.0)
+        suite = agent_suite(
+            redis_url, [bank_pack()], replace(policy, temperature=0.0), 0.0, concurrency=8
+        )
         try:
             yield World(client, registry, base, traffic, suite)
         finally:
@@ -327,7 +328,7 @@ def poisoned_labels(world: World) -> dict[str, str]:
 
 def eval_runs(world: World, version: str) -> list[TrajectoryEvent]:
     """The version's greedy runs of the whole bank, in the pack's task order."""
-    items = [Item(world.suite.packs[0], t) for t in tasks("eval")]
+    items = [gate_task(bank_pack(), t) for t in tasks("eval")]
     _, runs = world.suite.runs.episodes(version, items, [None] * len(items), 0.0, keep=True)
     return runs
 

@@ -21,6 +21,11 @@ from tests.learner.gate.release_support import add_version
 from tests.learner.learner_fixtures import open_store
 
 
+def _lora_files(folder) -> None:
+    for name in ("adapter_config.json", "adapter_model.safetensors"):
+        (folder / name).write_text("{}")
+
+
 def _report(version: str, verdict: str, failed=()) -> GateReport:
     return GateReport(version, "v0", verdict, list(failed), f"{verdict}: {', '.join(failed)}")
 
@@ -81,7 +86,7 @@ def test_two_learners_publishing_directly_at_once_one_becomes_champion(registry,
         """Its own store and checkpoints; both trained from v0 and register at the same time."""
         store = open_store(tmp_path / f"learner-{i}")
         version = registry.next_version()
-        path = write_checkpoint(tmp_path / f"ck{i}", version, lambda d: None, {})
+        path = write_checkpoint(tmp_path / f"ck{i}", version, _lora_files, {})
         manifest = {
             "base_model": "tiny",
             "kind": "lora",

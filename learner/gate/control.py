@@ -1,7 +1,7 @@
 """Release control inside `arloop learn`: gate each new version, run the canary, act on both.
 
 After a round publishes vN as READY, the gate evaluates it against the champion
-(`deploy/learn/suite_runner.py`) and `learner.gate.release.apply_verdict` rejects it, or makes it the
+(`learner/gate/runner.py`) and `learner.gate.release.apply_verdict` rejects it, or makes it the
 candidate (canary), or the champion (canary off). While a candidate is out no new round
 starts; every `canary.check_s` the controller (`learner/gate/canary.py`) compares live feedback
 per arm and promotes or rolls back. A version whose gate could not judge (policy server down)
@@ -13,36 +13,36 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 
-from rich.console import Console
-
-from deploy.learn.settings import LearnerSettings
-from deploy.learn.suite_runner import gate_runner
-from deploy.logs import log_context
 from learner.gate import canary
 from learner.gate.eval_gate import ERROR
 from learner.gate.release import ReleaseError, apply_verdict
+from learner.gate.runner import GateRunner
 from learner.gate.sequential import SequentialResult
-from learner.policy.registry import CANDIDATE, AliasConflict, PolicyRegistry, VersionStatus
+from learner.policy.registry import CANDIDATE, AliasConflict, VersionStatus
 from learner.store import Store
 
 log = logging.getLogger("arloop.release")
+
+Say = Callable[[str], None]
+"""Where a line for people goes (`arloop learn` prints it on its console)."""
 
 
 class GateLines:
     """The gate's progress as plain lines: its eval runs in fifths, each look of its test
     (`arloop learn` prints them; the demo shows the learner's latest line)."""
 
-    def __init__(self, console: Console) -> None:
-        self.console = console
+    def __init__(self, say: Say) -> None:
+        self.say = say
 
     def progress(self, what: str, done: int, total: int) -> None:
         if done == total or done % max(1, total // 5) == 0:
-            self.console.print(f"  gate: {what} runs {done}/{total}")
+            self.say(f"  gate: {what} runs {done}/{total}")
 
     def looked(self, test: SequentialResult) -> None:
         look = test.looks[-1]
-        self.console.print(
+        self.say(
             f"  gate: look {len(test.looks)} on {look.tasks} tasks: diff {look.mean:+.3f} "
             f"(se {look.se:.3f}); not worse: {look.not_worse}, improved: {look.improved}"
         )
@@ -53,19 +53,18 @@ class ReleaseControl:
 
     def __init__(
         self,
-        settings: LearnerSettings,
-        redis_url: str,
-        registry: PolicyRegistry,
+        gate: GateRunner,
         store: Store,
-        console: Console,
+        config: canary.CanaryConfig,
+        *,
+        actor: str,
+        say: Say,
+        tag: Callable[[str], AbstractContextManager] = lambda version: nullcontext(),
     ) -> None:
-        self.s, self.registry, self.console = settings, registry, console
-        self.store = store
-        lines = GateLines(console)
-        self.gate = gate_runner(
-            settings, redis_url, registry, store, progress=lines.progress, looked=lines.looked
-        )
-        self.canary = settings.canary
+        """`actor`: who the registry's events name for the moves this makes; `tag`: binds
+        the version being gated to the process's log lines."""
+        self.gate, self.registry, self.store = gate, gate.registry, store
+        self.canary, self.actor, self.print, self.tag = config, actor, say, tag
         self.last: str | None = None
         self.on_canary: Callable[[canary.CanaryCheck | None], None] = lambda check: None
         """Hears each canary check (the learner's telemetry publishes it for the dashboard)."""
@@ -104,11 +103,11 @@ class ReleaseControl:
         return None
 
     def _gate(self, version: str) -> None:
-        with log_context(version=version):  # the gate's lines, its eval runs' too, name it
+        with self.tag(version):  # the gate's lines, its eval runs' too, name it
             self._gate_now(version)
 
     def _gate_now(self, version: str) -> None:
-        self.console.print(f"gating {version} against the champion ...")
+        self.print(f"gating {version} against the champion ...")
         try:
             report = self.gate.evaluate(version)
         except Exception as exc:
@@ -116,10 +115,8 @@ class ReleaseControl:
             self._say(f"{version}: the gate failed ({type(exc).__name__}: {exc}); retried later")
             log.exception("gate failed")
             return
-        self.console.print(report.summary())
-        message = apply_verdict(
-            self.registry, report, canary=self.canary.enabled, actor=self.s.consumer
-        )
+        self.print(report.summary())
+        message = apply_verdict(self.registry, report, canary=self.canary.enabled, actor=self.actor)
         if report.verdict == ERROR:
             self._retry_at = time.monotonic() + max(self.canary.check_s, 30.0)
         self._say(message)
@@ -133,11 +130,11 @@ class ReleaseControl:
             if status.action == canary.CONTINUE:
                 self.last = status.line()  # shown in the status view, not a log line per check
                 return
-            self._say(canary.act(self.registry, status, self.s.consumer))
+            self._say(canary.act(self.registry, status, self.actor))
         except (AliasConflict, ReleaseError) as exc:
             self._say(f"canary: {exc}")
 
     def _say(self, message: str) -> None:
         self.last = message
-        self.console.print(message)
+        self.print(message)
         log.info(message)

@@ -16,11 +16,11 @@ from agents.packs.base import Pack, Task
 from agents.policy_client import PolicyConfig
 from agents.runtime import AgentSpec
 from deploy.embedded_redis import free_port
-from deploy.learn.eval_runs import EvalRuns, Item, outcome
+from deploy.learn.agent_runs import agent_suite, gate_runner, gate_task, outcome
 from deploy.learn.settings import LearnerSettings
-from deploy.learn.suite_runner import GateRunner, Suite, SuiteMissing, gate_runner
 from learner.gate.eval_gate import ERROR, GateConfig, SuiteRun, red_flag_counts
 from learner.gate.release import apply_verdict
+from learner.gate.runner import GateRunner, Suite, SuiteMissing
 from learner.policy.registry import CANDIDATE, CHAMPION, PolicyRegistry, VersionStatus
 from tests.deploy.policy_server.support import make_lora, publish, running_server, tiny_settings
 from tests.fakes.scripted_llm import Reply, ScriptedLLM
@@ -65,7 +65,7 @@ SMALL = GateConfig(margin=0.3, looks=(6,), guard_tasks=6, full_tasks=6)
 
 
 def _suite(redis_url: str, packs, url: str, temperature: float = 0.0) -> Suite:
-    return Suite(packs, EvalRuns(redis_url, _policy(url)), temperature)
+    return agent_suite(redis_url, packs, _policy(url), temperature)
 
 
 def _gate(registry, suite: Suite, config: GateConfig = SMALL) -> GateRunner:
@@ -93,8 +93,8 @@ def test_eval_runs_pin_the_version_and_never_reach_the_training_stream(stack, re
     client, _, url = stack
     client.delete(STREAM_EVAL_TRAJECTORIES, STREAM_TRAJECTORIES)
     _forget_evals(client)
-    runs = EvalRuns(redis_server.url, _policy(url))
-    items = [Item(echo_pack(), t) for t in echo_pack().tasks("eval")]
+    runs = _suite(redis_server.url, [echo_pack()], url).runs
+    items = [gate_task(echo_pack(), t) for t in echo_pack().tasks("eval")]
     greedy = [None] * len(items)
     outcomes, trajectories = runs.episodes("v1", items, greedy, 0.0, keep=True)
     assert [o.task_id for o in outcomes] == [f"echo/t{i}" for i in range(6)]
@@ -104,7 +104,9 @@ def test_eval_runs_pin_the_version_and_never_reach_the_training_stream(stack, re
     _, base_runs = runs.episodes("v0", items, greedy, 0.0, keep=True)
     assert [t.output for t in base_runs] != [t.output for t in trajectories]  # really pinned
     assert client.xlen(STREAM_EVAL_TRAJECTORIES) == 12 and client.xlen(STREAM_TRAJECTORIES) == 0
-    again = EvalRuns(redis_server.url, _policy(url))  # another process: Redis has the outcomes
+    again = _suite(
+        redis_server.url, [echo_pack()], url
+    ).runs  # another process: Redis has the outcomes
     assert again.episodes("v1", items, greedy, 0.0) == (outcomes, [])
     assert client.xlen(STREAM_EVAL_TRAJECTORIES) == 12  # nothing ran twice
 
@@ -168,7 +170,7 @@ def test_a_missing_or_empty_suite_never_passes(stack, redis_server, packs, says)
 
 
 def test_packs_are_found_by_name_or_module_path_and_bad_names_say_how_to_name_one():
-    pack = get_pack("tests.deploy.learn.test_suite_runner:echo_pack")
+    pack = get_pack("tests.deploy.learn.test_agent_runs:echo_pack")
     assert pack.name == "echo"
     assert [t.id for t in get_pack("tutoring", tutoring_eval_size=3).tasks("eval")] == [
         t.id for t in get_pack("tutoring").tasks("eval")[:3]
@@ -178,9 +180,9 @@ def test_packs_are_found_by_name_or_module_path_and_bad_names_say_how_to_name_on
     with pytest.raises(PackNotFound, match="cannot import tests.nowhere"):
         get_pack("tests.nowhere:pack")
     with pytest.raises(
-        PackNotFound, match="test_suite_runner:PROMPTS is a list, not an agents.packs.Pack"
+        PackNotFound, match="test_agent_runs:PROMPTS is a list, not an agents.packs.Pack"
     ):
-        get_pack("tests.deploy.learn.test_suite_runner:PROMPTS")
+        get_pack("tests.deploy.learn.test_agent_runs:PROMPTS")
 
 
 def test_the_gate_runs_with_the_settings_own_models(tmp_path):
@@ -196,11 +198,11 @@ def test_the_gate_runs_with_the_settings_own_models(tmp_path):
     gate = gate_runner(settings, "redis://unused", registry=None, store=None)
     assert gate.config is settings.gate and gate.guards is settings.guards  # nothing re-mapped
     assert gate.max_user_share == 0.5 and gate.model_cache == settings.model_cache
-    assert gate.suite.runs.solved_at == settings.gate.solved_at
-    assert gate.suite.runs.policy == settings.policy_config()
-    assert gate.suite.runs.policy.retries == 1
+    assert gate.suite.runs.run.solved_at == settings.gate.solved_at
+    assert gate.suite.runs.run.policy == settings.policy_config()
+    assert gate.suite.runs.run.policy.retries == 1
     assert gate.suite.temperature == 1.0  # the agents' own: the policy server's default
-    assert [len(p.tasks("eval")) for p in gate.suite.packs] == [5]
+    assert gate.suite.name == "tutoring" and len(gate.suite.pool()) == 5
     with pytest.raises(SuiteMissing, match="unknown agent pack 'cooking'"):
         gate_runner(settings.model_copy(update={"eval_packs": ["cooking"]}), "", None, None)
     hosted = settings.model_copy(update={"policy_model": "anthropic/claude-3-5-haiku-latest"})
@@ -220,7 +222,7 @@ def _learner(redis_url: str, tmp_path, policy_url: str):
         train={"learning_rate": 1e-3},
         min_episodes=1,
         read_block_ms=10,
-        eval_packs=["tests.deploy.learn.test_suite_runner:echo_pack"],
+        eval_packs=["tests.deploy.learn.test_agent_runs:echo_pack"],
         policy_api_base=policy_url,
         eval_max_tokens=6,
         gate=SMALL.model_dump(),
@@ -327,9 +329,9 @@ def test_the_gate_judges_the_models_own_answer_not_the_envelopes():
             "metadata": {"arloop.model_escalated": "false"},
         }
     )
-    mine = outcome(Item(pack, task), missed, 1.0)
+    mine = outcome(pack, task, missed, 1.0)
     assert mine.score == 0.0 and mine.escalated is False
-    theirs = outcome(Item(pack, task), served, 1.0)  # the model escalated by itself
+    theirs = outcome(pack, task, served, 1.0)  # the model escalated by itself
     assert theirs.score == 1.0 and theirs.escalated is None  # no guard recorded a red flag
     counts = red_flag_counts(SuiteRun("v2", (mine,)), SuiteRun("v1", (theirs,)))
     assert counts == {"v2": [0, 1]}

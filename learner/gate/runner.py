@@ -12,24 +12,23 @@ the evidence, and let the pure decision (`learner.gate.eval_gate.decide`) judge.
 4. Greedy whole runs on the first `guard_tasks` tasks for the guards (answer length, tool
    use), and the candidate's KL and entropy on their logged tokens, with the training and
    off-policy figures from the learner's store (`learner.gate.figures`).
-The champion's outcomes come from its cache (`deploy.learn.eval_runs`) after its first gate.
+The champion's outcomes come from its cache (`learner.gate.eval_runs`) after its first gate.
+The runs themselves are handed in (`Suite.runs`): the learner knows tasks as plain data, the
+process that has the agents runs them (`deploy/learn/agent_runs.py` builds a runner).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agents.packs import PackNotFound, get_pack
-from agents.packs.base import Pack, Task
-from deploy.learn.eval_runs import SUITE, EvalError, EvalRuns, Item, Progress
-from deploy.learn.settings import LearnerSettings
 from learner.gate.draws import draw_seed, sample_seed, stratified_order
 from learner.gate.eval_gate import GateConfig, GateReport, SuiteRun, decide, refuse
+from learner.gate.eval_runs import SUITE, EvalError, EvalRuns, GateTask
 from learner.gate.guards import GuardConfig
 from learner.gate.sequential import SequentialResult, finished, sequential_test
 from learner.gate.stats import paired_comparison, paired_intervals
@@ -44,40 +43,24 @@ class SuiteMissing(RuntimeError):
     """A pack has no usable held-out suite; the message says which and why."""
 
 
-def eval_tasks(pack: Pack) -> list[Task]:
-    """The pack's held-out pool; SuiteMissing when it is missing or empty."""
-    try:
-        tasks = list(pack.tasks("eval"))
-    except Exception as exc:
-        raise SuiteMissing(f"pack {pack.name!r} has no eval suite: {exc}") from exc
-    if not tasks:
-        raise SuiteMissing(f"pack {pack.name!r} has an empty eval suite: add held-out tasks")
-    return tasks
-
-
 @dataclass
 class Suite:
-    """The packs whose held-out pools gate versions, and how their tasks are run."""
+    """The held-out pools that gate versions, and how their tasks are run."""
 
-    packs: Sequence[Pack]
+    name: str
+    """The packs' names joined by `+`; empty: no eval pack, nothing can be judged."""
+    pool: Callable[[], list[GateTask]]
+    """Every held-out task of every pack; SuiteMissing before any call is made."""
     runs: EvalRuns
     temperature: float
     """The serving temperature the sampled forms run at (0: greedy, one sample per task)."""
-
-    @property
-    def name(self) -> str:
-        return "+".join(p.name for p in self.packs)
-
-    def pool(self) -> list[Item]:
-        """Every held-out task of every pack; SuiteMissing before any call is made."""
-        return [Item(p, t) for p in self.packs for t in eval_tasks(p)]
 
 
 @dataclass
 class Evaluation:
     """What one gate ran: the draw, the test, the whole-run figures, the guard runs."""
 
-    items: list[Item]
+    items: list[GateTask]
     test: SequentialResult
     episodes: dict[str, Any] = field(default_factory=dict)
     candidate: SuiteRun | None = None
@@ -112,7 +95,7 @@ class GateRunner:
         version = self.registry.resolve(version)
         champion = self.registry.resolve(champion or CHAMPION)
         name = self.suite.name
-        if not self.suite.packs:
+        if not self.suite.name:
             return refuse(
                 version, champion, SUITE, "no eval pack (ARLOOP_EVAL_GATE / ARLOOP_EVAL_PACKS)"
             )
@@ -160,7 +143,7 @@ class GateRunner:
         items = [pool[i] for i in order]
         if self.suite.temperature > 0:  # an agent that samples greedily runs once a task
             seeds = [
-                [sample_seed(i.key, j, draw) if samples(i) else None for j in range(c.samples)]
+                [sample_seed(i.key, j, draw) if i.samples else None for j in range(c.samples)]
                 for i in items
             ]
         else:  # greedy: one run a task, the same as the guards' (one cache entry)
@@ -210,7 +193,7 @@ class GateRunner:
         """(tasks, k) 0/1 outcomes: the first-turn form where the pack has one, else whole runs."""
         out: list[list[int] | None] = [None] * len(items)
         t = self.suite.temperature
-        quick = [i for i, item in enumerate(items) if item.pack.first_turn is not None]
+        quick = [i for i, item in enumerate(items) if item.first_turn]
         if quick:
             got = self.suite.runs.first_turns(
                 version, [items[i] for i in quick], [seeds[i] for i in quick], t
@@ -241,7 +224,7 @@ class GateRunner:
             [int(o.solved) for o in whole[champion]], [int(o.solved) for o in whole[version]]
         )
         out["comparison"] = dataclasses.asdict(cmp) | paired_intervals(cmp)
-        quick = [i for i, item in enumerate(chosen) if item.pack.first_turn is not None]
+        quick = [i for i, item in enumerate(chosen) if item.first_turn]
         if quick:
             agree = 0
             for v in (champion, version):
@@ -252,59 +235,3 @@ class GateRunner:
             out["first_turn_agreement"] = agree / (2 * len(quick))
             out["first_turn_pairs"] = 2 * len(quick)
         return out
-
-
-def samples(item: Item) -> bool:
-    """Whether the task's agent samples (its own temperature, if it sets one, is above 0)."""
-    spec = next((a for a in item.pack.agents if a.name == item.task.agent), None)
-    temperature = spec.generation.temperature if spec and spec.generation else None
-    return temperature is None or temperature > 0
-
-
-def gate_runner(
-    s: LearnerSettings,
-    redis_url: str,
-    registry: PolicyRegistry,
-    store: Store | None,
-    packs: Sequence[Pack] | None = None,
-    *,
-    progress: Progress | None = None,
-    looked: Looked | None = None,
-) -> GateRunner:
-    """The gate as `arloop learn` and `arloop eval` run it; SuiteMissing for an unknown pack,
-    or for an endpoint that cannot run a pinned version (only arloop's policy server can)."""
-    if not s.policy_config().names_versions:
-        raise SuiteMissing(
-            f"the eval gate runs pinned versions (arloop@v3) on arloop's policy server, but "
-            f"ARLOOP_POLICY_MODEL={s.policy_model!r} is an endpoint of kind {s.policy_config().kind!r}: "
-            "point the learner's ARLOOP_POLICY_MODEL and ARLOOP_POLICY_API_BASE at the policy "
-            "server (openai/arloop), or ARLOOP_POLICY_PROVIDER=arloop if it serves another name"
-        )
-    if packs is None:
-        size = s.tutoring_eval_size
-        try:
-            packs = [
-                get_pack(ref, tutoring_source=s.tutoring_source, tutoring_eval_size=size)
-                for ref in s.gate_packs()
-            ]
-        except PackNotFound as exc:
-            raise SuiteMissing(str(exc)) from exc
-    runs = EvalRuns(
-        redis_url,
-        s.policy_config(),
-        s.eval_concurrency,
-        s.gate.solved_at,
-        progress=progress,
-        redis_options=s.redis_options(redis_url, asyncio=True),
-    )
-    suite = Suite(list(packs), runs, s.sampling_temperature())
-    return GateRunner(
-        registry,
-        suite,
-        s.gate,
-        guards=s.guards,
-        model_cache=s.model_cache,
-        store=store,
-        max_user_share=s.round.max_user_reward_share,
-        looked=looked,
-    )
