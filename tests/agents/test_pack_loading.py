@@ -1,5 +1,6 @@
-"""Packs from a team's own code: `module:attr`, the `arloop.packs` entry points, the README's
-FAQ example (the same text as the file it runs), errors that name the fix, `arloop packs list`."""
+"""Packs from a team's own code: `module:attr`, the `arloop.packs` entry points, the manual's
+FAQ example (docs/packs.md: the same text as the file it runs), errors that name the fix,
+`arloop packs list`."""
 
 from __future__ import annotations
 
@@ -42,18 +43,18 @@ def sized(tutoring_eval_size):
 """
 
 
-def readme_example() -> str:
-    text = (ROOT / "README.md").read_text()
-    assert MARK in text, "the README lost the example's marker"
+def docs_example() -> str:
+    text = (ROOT / "docs" / "packs.md").read_text()
+    assert MARK in text, "docs/packs.md lost the example's marker"
     block = text.split(MARK, 1)[1]
     match = re.match(r"\s*```python\n(.*?)```\n", block, re.DOTALL)
     assert match, "the marker is not followed by a ```python block"
     return match.group(1)
 
 
-def test_the_readme_example_is_the_tested_file_and_under_60_lines():
+def test_the_docs_example_is_the_tested_file_and_under_60_lines():
     code = EXAMPLE.read_text()
-    assert readme_example() == code
+    assert docs_example() == code
     assert len(code.splitlines()) < 60
 
 
