@@ -25,6 +25,7 @@ from agents.events import (
     STREAM_FEEDBACK,
     STREAM_TRAJECTORIES,
     THREAD_PREFIX,
+    as_text,
 )
 
 SCAN_COUNT = 1000
@@ -63,9 +64,9 @@ async def _threads_of(client: aioredis.Redis, user_id: str) -> list[str]:
     """The ids of the threads whose record names `user_id` (a scan: erasure is rare)."""
     prefix = f"{THREAD_PREFIX}:"
     keys = [
-        _s(k)
+        as_text(k)
         async for k in client.scan_iter(match=f"{prefix}*", count=SCAN_COUNT)
-        if not _s(k).endswith(":lock")
+        if not as_text(k).endswith(":lock")
     ]
     owners = []
     for start in range(0, len(keys), SCAN_COUNT):
@@ -73,7 +74,9 @@ async def _threads_of(client: aioredis.Redis, user_id: str) -> list[str]:
             for key in keys[start : start + SCAN_COUNT]:
                 pipe.hget(key, "user")
             owners += await pipe.execute()
-    return [k[len(prefix) :] for k, o in zip(keys, owners, strict=True) if o and _s(o) == user_id]
+    return [
+        k[len(prefix) :] for k, o in zip(keys, owners, strict=True) if o and as_text(o) == user_id
+    ]
 
 
 async def _delete_matching(client: aioredis.Redis, pattern: str) -> int:
@@ -94,13 +97,9 @@ async def _delete_entries(client: aioredis.Redis, stream: str, quoted_user: byte
             deleted += await client.xdel(stream, *mine)
         if len(batch) < SCAN_COUNT:
             return deleted
-        start = "(" + _s(batch[-1][0])
+        start = "(" + as_text(batch[-1][0])
 
 
 def _data(fields: dict) -> bytes:
     value = fields.get(b"data", fields.get("data", b""))
     return value if isinstance(value, bytes) else value.encode()
-
-
-def _s(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value

@@ -348,7 +348,7 @@ def encode(event: _Event) -> dict[str, str]:
 
 def decode(fields: dict[bytes | str, bytes | str]) -> Event:
     """Parse XREAD fields back into the event; EventDecodeError says what is wrong."""
-    f = {_s(k): _s(v) for k, v in fields.items()}
+    f = {as_text(k): as_text(v) for k, v in fields.items()}
     cls = _TYPES.get(f.get("type", ""))
     if cls is None:
         raise EventDecodeError(f"unknown event type {f.get('type')!r}")
@@ -360,5 +360,6 @@ def decode(fields: dict[bytes | str, bytes | str]) -> Event:
         raise EventDecodeError(f"{cls.__name__} does not parse: {exc}") from exc
 
 
-def _s(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
+def as_text(value: bytes | str) -> str:
+    """A Redis field as text: clients made without `decode_responses` give bytes."""
+    return value.decode() if isinstance(value, bytes) else str(value)

@@ -29,6 +29,7 @@ from agents.events import (
     STREAM_FEEDBACK,
     FeedbackEvent,
     FeedbackKind,
+    as_text,
     check_feedback_value,
     check_score_key,
     encode,
@@ -212,7 +213,7 @@ class FeedbackIntake:
         scores = self.scores_per_run if event.kind is FeedbackKind.SCORE else 0
         cap = self.max_entries or 0
         args = [self.rate_per_minute, 120, ttl, marker, key_limit, scores, cap, *fields]
-        status, detail = (_str(v) for v in await self._accept(keys=keys, args=args))
+        status, detail = (as_text(v) for v in await self._accept(keys=keys, args=args))
         if status == "error":
             raise FeedbackRejected(
                 503 if detail.startswith(("OOM", "READONLY", "MASTERDOWN")) else 500,
@@ -270,7 +271,3 @@ def _kind(kind: str) -> FeedbackKind:
         allowed = ", ".join(k.value for k in USER_KINDS)
         raise FeedbackRejected(422, f"kind must be one of {allowed}; got {kind!r}")
     return parsed
-
-
-def _str(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import redis.asyncio as aioredis
 
 from agents.errors import ArloopError
-from agents.events import POLICY_ALIASES, THREAD_PREFIX
+from agents.events import POLICY_ALIASES, THREAD_PREFIX, as_text
 
 CHAMPION, CANDIDATE = "champion", "candidate"
 
@@ -102,7 +102,7 @@ class Threads:
             time.time(),
             int(await self.client.hexists(POLICY_ALIASES, CANDIDATE)),
         ]
-        first, second = (_str(v) for v in await self._open(keys=[key, f"{key}:lock"], args=args))
+        first, second = (as_text(v) for v in await self._open(keys=[key, f"{key}:lock"], args=args))
         if first == "forbidden":
             raise ThreadError(
                 403, f"thread {thread_id!r} belongs to another user; omit thread_id for a new one"
@@ -125,12 +125,8 @@ class Threads:
     async def record(self, thread_id: str) -> dict[str, str] | None:
         """The thread's record (user, agent, arm, created_at), None when there is none."""
         values = await self.client.hgetall(self.key(thread_id))
-        return {_str(k): _str(v) for k, v in values.items()} or None
+        return {as_text(k): as_text(v) for k, v in values.items()} or None
 
     async def arm(self, thread_id: str) -> str | None:
         value = await self.client.hget(self.key(thread_id), "arm")
-        return _str(value) if value is not None else None
-
-
-def _str(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
+        return as_text(value) if value is not None else None

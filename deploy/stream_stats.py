@@ -20,7 +20,7 @@ from typing import Any
 
 import redis
 
-from agents.events import LEARNER_GROUP, STREAM_DEAD, STREAM_FEEDBACK, STREAM_TRAJECTORIES
+from agents.events import LEARNER_GROUP, STREAM_DEAD, STREAM_FEEDBACK, STREAM_TRAJECTORIES, as_text
 
 LAG_CAP = 100
 """Undelivered entries counted at most: XRANGE returns whole entries (a run can be tens of
@@ -51,11 +51,13 @@ def stream_stats(client: redis.Redis, stream: str, now: float | None = None) -> 
     if not client.exists(stream):
         return StreamStats(stream, 0, 0, False, 0.0, 0, False)
     length = int(client.xlen(stream))
-    group = next((g for g in client.xinfo_groups(stream) if _s(g["name"]) == LEARNER_GROUP), None)
-    last = _s(group["last-delivered-id"]) if group else "0-0"
+    group = next(
+        (g for g in client.xinfo_groups(stream) if as_text(g["name"]) == LEARNER_GROUP), None
+    )
+    last = as_text(group["last-delivered-id"]) if group else "0-0"
     undelivered = client.xrange(stream, min=f"({last}", count=LAG_CAP + 1)
     lag = min(len(undelivered), LAG_CAP)
-    oldest = _ms(_s(undelivered[0][0])) / 1000 if undelivered else now
+    oldest = _ms(as_text(undelivered[0][0])) / 1000 if undelivered else now
     return StreamStats(
         stream=stream,
         length=length,
@@ -76,7 +78,7 @@ def _trimmed_unread(
     if group is None or "entries-read" not in group:
         return None
     first = client.xrange(stream, count=1)
-    if not first or _key(_s(first[0][0])) <= _key(last):
+    if not first or _key(as_text(first[0][0])) <= _key(last):
         return 0  # the stream still starts at or before what the group read: no gap now
     read = int(group["entries-read"] or 0)  # nil until the group has read anything
     return max(0, int(client.xinfo_stream(stream)["entries-added"]) - read - length)
@@ -99,7 +101,3 @@ def _key(entry_id: str) -> tuple[int, int]:
 
 def _ms(entry_id: str) -> int:
     return int(entry_id.split("-", 1)[0])
-
-
-def _s(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value

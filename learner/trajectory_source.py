@@ -24,6 +24,7 @@ from agents.events import (
     EventDecodeError,
     FeedbackEvent,
     TrajectoryEvent,
+    as_text,
     decode,
 )
 from learner.crashpoints import crash_point
@@ -137,7 +138,7 @@ class TrajectorySource:
             LEARNER_GROUP, self.consumer, streams, count=self.count, block=block
         )
         return [
-            Entry(_s(stream), _s(entry_id), fields or {})
+            Entry(as_text(stream), as_text(entry_id), fields or {})
             for stream, items in (reply or [])
             for entry_id, fields in items
         ]
@@ -154,8 +155,8 @@ class TrajectorySource:
                 start_id=self._claim_cursor[stream],
                 count=self.count,
             )
-            self._claim_cursor[stream] = _s(reply[0])
-            out += [Entry(stream, _s(i), f or {}) for i, f in reply[1] if i is not None]
+            self._claim_cursor[stream] = as_text(reply[0])
+            out += [Entry(stream, as_text(i), f or {}) for i, f in reply[1] if i is not None]
         if out:
             log.info("reclaimed %d stale pending entries", len(out))
         return out
@@ -169,7 +170,7 @@ class TrajectorySource:
                 stream, LEARNER_GROUP, ids[0], ids[-1], len(ids) + 1000, consumername=self.consumer
             )
             for p in pel:
-                counts[(stream, _s(p["message_id"]))] = int(p["times_delivered"])
+                counts[(stream, as_text(p["message_id"]))] = int(p["times_delivered"])
         return [
             Entry(e.stream, e.entry_id, e.fields, counts.get((e.stream, e.entry_id), 1))
             for e in entries
@@ -232,7 +233,7 @@ class TrajectorySource:
         asked = self.r.hgetall(FORGET_REQUESTS)
         if not asked:
             return 0
-        deleted = self.store.forget_users([_s(user) for user in asked])
+        deleted = self.store.forget_users([as_text(user) for user in asked])
         for user, when in asked.items():
             self._drop_request(keys=[FORGET_REQUESTS], args=[user, when])
         return deleted
@@ -259,9 +260,9 @@ def safe_trim_floor(client: redis.Redis, stream: str) -> str | None:
     floors = []
     for g in groups:
         if int(g["pending"]):
-            floors.append(_s(client.xpending(stream, g["name"])["min"]))
+            floors.append(as_text(client.xpending(stream, g["name"])["min"]))
         else:
-            ms, seq = _id_key(_s(g["last-delivered-id"]))
+            ms, seq = _id_key(as_text(g["last-delivered-id"]))
             floors.append(f"{ms}-{seq + 1}")
     return min(floors, key=_id_key)
 
@@ -269,7 +270,3 @@ def safe_trim_floor(client: redis.Redis, stream: str) -> str | None:
 def _id_key(entry_id: str) -> tuple[int, int]:
     ms, _, seq = entry_id.partition("-")
     return int(ms), int(seq or 0)
-
-
-def _s(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value

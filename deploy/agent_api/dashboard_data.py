@@ -20,6 +20,7 @@ from agents.events import (
     POLICY_ALIASES,
     POLICY_VERSIONS,
     SERVING_PREFIX,
+    as_text,
     policy_version_key,
 )
 from deploy.agent_api import svg
@@ -37,7 +38,7 @@ def snapshot(
     """Everything the dashboard page shows, JSON-ready, with its charts as SVG: live traffic
     is `tenant`'s; the registry, canary, streams, learner and servers are the deployment's."""
     tally.refresh(client)
-    aliases = {_s(k): _s(v) for k, v in client.hgetall(POLICY_ALIASES).items()}
+    aliases = {as_text(k): as_text(v) for k, v in client.hgetall(POLICY_ALIASES).items()}
     versions = read_versions(client)
     traffic = tally.traffic(tenant)
     held_out = held_out_success(versions)
@@ -63,12 +64,12 @@ def snapshot(
 
 def read_versions(client: redis.Redis) -> list[dict[str, Any]]:
     """Every version's record, oldest first (fields decoded from the registry's JSON)."""
-    names = [_s(v) for v in client.zrange(POLICY_VERSIONS, 0, -1)]
+    names = [as_text(v) for v in client.zrange(POLICY_VERSIONS, 0, -1)]
     out = []
     for name in names:
         fields = client.hgetall(policy_version_key(name))
         if fields:
-            out.append({_s(k): json.loads(v) for k, v in fields.items()})
+            out.append({as_text(k): json.loads(v) for k, v in fields.items()})
     return out
 
 
@@ -108,7 +109,7 @@ def rounds(versions: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def serving(client: redis.Redis) -> list[dict[str, Any]]:
     """The live policy servers' heartbeats (expired ones are gone)."""
-    keys = sorted(_s(k) for k in client.scan_iter(match=f"{SERVING_PREFIX}:*", count=100))
+    keys = sorted(as_text(k) for k in client.scan_iter(match=f"{SERVING_PREFIX}:*", count=100))
     found = [_json(client.get(k)) for k in keys]
     return [s for s in found if s is not None]
 
@@ -199,7 +200,3 @@ def _json(raw: bytes | str | None) -> Any:
         return json.loads(raw)
     except ValueError:
         return None
-
-
-def _s(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value

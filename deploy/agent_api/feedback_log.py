@@ -24,6 +24,7 @@ from agents.events import (
     FeedbackEvent,
     FeedbackKind,
     TrajectoryEvent,
+    as_text,
     decode,
 )
 from deploy.agent_api.schemas import FeedbackItem, FeedbackPage
@@ -118,15 +119,15 @@ async def feedback_page(
     for _ in range(SCAN_BATCHES):
         batch = await client.xrange(STREAM_FEEDBACK, min=start, count=BATCH)
         for entry_id, fields in batch:
-            start = "(" + _s(entry_id)
+            start = "(" + as_text(entry_id)
             event = _decoded(fields)
             if not isinstance(event, FeedbackEvent) or not sees(event.user_id):
                 continue
             if (wanted and event.kind is not wanted) or (agent and event.agent != agent):
                 continue
-            items.append(_item(_s(entry_id), event))
+            items.append(_item(as_text(entry_id), event))
             if len(items) == limit:
-                return FeedbackPage(items=items, next_cursor=_s(entry_id))
+                return FeedbackPage(items=items, next_cursor=as_text(entry_id))
         if len(batch) < BATCH:
             return FeedbackPage(items=items, next_cursor=None)
     return FeedbackPage(items=items, next_cursor=start[1:])
@@ -167,10 +168,10 @@ async def _entries(client: aioredis.Redis, stream: str, start: str):
     while True:
         batch = await client.xrange(stream, min=start, count=BATCH)
         for entry_id, fields in batch:
-            yield _s(entry_id), _decoded(fields)
+            yield as_text(entry_id), _decoded(fields)
         if len(batch) < BATCH:
             return
-        start = "(" + _s(batch[-1][0])
+        start = "(" + as_text(batch[-1][0])
 
 
 def _decoded(fields: dict) -> Any:
@@ -196,7 +197,3 @@ def _item(entry_id: str, e: FeedbackEvent) -> FeedbackItem:
         key=e.key,
         reward=e.reward,
     )
-
-
-def _s(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value

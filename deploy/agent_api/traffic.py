@@ -42,6 +42,7 @@ from agents.events import (
     FeedbackEvent,
     FeedbackKind,
     TrajectoryEvent,
+    as_text,
     decode,
 )
 from deploy.agent_api import report_card as rc
@@ -223,7 +224,7 @@ class Tally:
         while budget > 0:
             batch = client.xrange(stream, min=self._cursor[stream], count=min(BATCH, budget))
             for entry_id, fields in batch:
-                self._cursor[stream] = "(" + _s(entry_id)
+                self._cursor[stream] = "(" + as_text(entry_id)
                 self._take(stream, fields)
             budget -= len(batch)
             if len(batch) < BATCH:
@@ -279,7 +280,3 @@ class Tally:
                 view = card.view() | {"stress": cases.view()["stress"]}
                 out.append({"agent": agent, "version": version, **view})
             return out
-
-
-def _s(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import redis
 
-from agents.events import LEARNER_FENCE, LEARNER_LEASE
+from agents.events import LEARNER_FENCE, LEARNER_LEASE, as_text
 from learner.policy.registry import Fence
 
 log = logging.getLogger("arloop.learner")
@@ -74,10 +74,6 @@ def _died_here(name: str) -> bool:
     return False
 
 
-def _s(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 class LearnerLease:
     """Acquire, renew (from a thread) and release the learner's lease."""
 
@@ -112,7 +108,7 @@ class LearnerLease:
         status, value, ttl = self._acquire(
             keys=[LEARNER_LEASE, LEARNER_FENCE], args=[self.holder, self.ttl_ms, over]
         )
-        return _s(status), _s(value), int(ttl)
+        return as_text(status), as_text(value), int(ttl)
 
     def current(self) -> Holder | None:
         """Who holds the lease now, if anyone."""
