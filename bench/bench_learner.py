@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import tempfile
 import time
 import warnings
 
@@ -35,6 +34,7 @@ transformers.logging.set_verbosity_error()
 transformers.logging.disable_progress_bar()
 
 import torch
+from trl_config import grpo_args, lora_config  # bench/ is the script's folder: on sys.path
 
 from deploy.settings import ModelSettings
 from learner.advantages import group_advantages
@@ -228,9 +228,8 @@ def _plain_logprobs(model, ids, attn):
 def trl_update(samples: list[Sample], pad_id: int, tokenizer) -> tuple[float, float, float, dict]:
     """(step seconds, train() seconds, loss, adapter after) for TRL's GRPOTrainer on the logged episodes."""
     from datasets import Dataset
-    from peft import LoraConfig
     from transformers import TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOTrainer
     from trl.trainer.utils import use_adapter
 
     class LoggedGRPOTrainer(GRPOTrainer):
@@ -263,41 +262,20 @@ def trl_update(samples: list[Sample], pad_id: int, tokenizer) -> tuple[float, fl
 
     n_prompts = len({s.group for s in samples})
     group = len(samples) // n_prompts
-    args = GRPOConfig(
-        output_dir=tempfile.mkdtemp(),
+    args = grpo_args(
+        CONFIG,
         per_device_train_batch_size=CONFIG.micro_batch_size,
         gradient_accumulation_steps=len(samples) // CONFIG.micro_batch_size,
         steps_per_generation=len(samples) // CONFIG.micro_batch_size,
         num_generations=group,
         max_steps=1,
         learning_rate=CONFIG.learning_rate,
-        lr_scheduler_type="constant",
-        max_grad_norm=CONFIG.max_grad_norm,
         beta=CONFIG.kl_coef,
-        epsilon=CONFIG.clip_eps,
-        loss_type="dapo",
-        use_bias_correction_kl=False,
-        bf16=False,
-        gradient_checkpointing=False,
-        use_cpu=True,
-        report_to="none",
-        logging_steps=1,
-        save_strategy="no",
-        disable_dropout=True,
-        optim="adamw_torch",
         seed=CONFIG.seed,
         max_completion_length=128,
-        dataloader_num_workers=0,
-        disable_tqdm=True,
     )
     model, _ = load_base("smollm2", cache_dir=MODEL_CACHE)
-    peft_config = LoraConfig(
-        r=CONFIG.lora_rank,
-        lora_alpha=CONFIG.lora_alpha,
-        lora_dropout=0.0,
-        target_modules=list(CONFIG.lora_targets),
-        task_type="CAUSAL_LM",
-    )
+    peft_config = lora_config(CONFIG)
     timer = StepTimer()
     trainer = LoggedGRPOTrainer(
         model=model,

@@ -75,6 +75,7 @@ transformers.logging.disable_progress_bar()
 
 import torch
 from rich.console import Console
+from trl_config import grpo_args, lora_config  # bench/ is the script's folder: on sys.path
 from tutoring_eval import (  # bench/ is the script's folder: on sys.path first
     check_tokens,
     first_call_prompt,
@@ -141,8 +142,7 @@ def arloop_arm(opts: demo.DemoOptions) -> tuple[demo.Report, dict, float]:
 def trl_arm(opts: demo.DemoOptions, train: list[Task], tokenizer) -> tuple[torch.nn.Module, dict]:
     """(merged policy after TRL's GRPO on exactly `opts.episodes` rewards, figures)."""
     from datasets import Dataset
-    from peft import LoraConfig
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOTrainer
 
     batch = MICRO_BATCH if MICRO_BATCH % opts.group == 0 else opts.group
     if opts.episodes % batch:
@@ -159,8 +159,8 @@ def trl_arm(opts: demo.DemoOptions, train: list[Task], tokenizer) -> tuple[torch
     prompts = [first_call_prompt(tokenizer, t.input) for t in problems]
     check_tokens(tokenizer, prompts[0], problems[0])
     data = Dataset.from_dict({"prompt": prompts, "task_id": [t.id for t in problems]})
-    args = GRPOConfig(
-        output_dir=tempfile.mkdtemp(prefix="arloop-trl-"),
+    args = grpo_args(
+        LORA,
         per_device_train_batch_size=batch,
         gradient_accumulation_steps=1,
         steps_per_generation=1,
@@ -168,37 +168,16 @@ def trl_arm(opts: demo.DemoOptions, train: list[Task], tokenizer) -> tuple[torch
         num_iterations=1,
         max_steps=opts.episodes // batch,
         learning_rate=opts.learning_rate,
-        lr_scheduler_type="constant",
         warmup_steps=0,
         weight_decay=0.0,
-        max_grad_norm=LORA.max_grad_norm,
         beta=opts.kl_coef,
-        epsilon=LORA.clip_eps,
-        loss_type="dapo",
         scale_rewards="batch",
-        use_bias_correction_kl=False,
         temperature=opts.temperature,
         top_p=1.0,
         max_completion_length=opts.max_tokens,
-        bf16=False,
-        gradient_checkpointing=False,
-        use_cpu=True,
-        report_to="none",
-        logging_steps=1,
-        save_strategy="no",
-        disable_dropout=True,
-        optim="adamw_torch",
         seed=opts.seed,
-        dataloader_num_workers=0,
-        disable_tqdm=True,
     )
-    peft_config = LoraConfig(
-        r=LORA.lora_rank,
-        lora_alpha=LORA.lora_alpha,
-        lora_dropout=0.0,
-        target_modules=list(LORA.lora_targets),
-        task_type="CAUSAL_LM",
-    )
+    peft_config = lora_config(LORA)
     model, _ = load_base(opts.model, cache_dir=MODEL_CACHE)
     trainer = GRPOTrainer(
         model=model,
