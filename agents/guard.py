@@ -37,6 +37,8 @@ class Reviewed:
     output: str
     answered_by: AnswerPath
     metadata: dict[str, str] = field(default_factory=dict)
+    follow_up: str | None = None
+    """The label of what `output` asks the user (None: it answers); see the module's text."""
 
 
 Guard = Callable[[str, str, str], Reviewed]
@@ -60,12 +62,19 @@ async def review(state: dict[str, Any], runtime: Runtime[RunContext]) -> dict:
     update: dict[str, Any] = {
         "answered_by": reviewed.answered_by.value,
         "review": dict(reviewed.metadata),
+        "pending": f"{question_of(state)}\n{reviewed.follow_up}: " if reviewed.follow_up else "",
     }
     if reviewed.answered_by is not AnswerPath.MODEL:
         # same id: the reducer replaces the model's message in the thread
         update["messages"] = [AIMessage(reviewed.output, id=last.id)]
         update["model_answer"] = answer
     return update
+
+
+def follow_up_case(state: dict[str, Any], text: str) -> str:
+    """The case a run answers: `text`, after the case a follow-up question left pending."""
+    pending = state.get("pending") or ""
+    return f"{pending}{text}" if pending else text
 
 
 def question_of(state: dict[str, Any]) -> str:

@@ -29,6 +29,7 @@ class AgentState(TypedDict):
     answered_by: str  # AnswerPath of the current run's answer (the guard sets it)
     model_answer: str  # the model's own final answer when the guard replaced it
     review: dict[str, str]  # what the guard found (copied into the trajectory's metadata)
+    pending: str  # a case awaiting the user's reply to a follow-up question (`agents.guard`)
 
 
 def run_input(text: str, max_steps: int) -> dict:

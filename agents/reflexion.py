@@ -17,7 +17,7 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.runtime import Runtime
 
 from agents.events import RunStatus
-from agents.guard import review
+from agents.guard import follow_up_case, review
 from agents.react import AgentState, call_model, format_notes, run_input, run_tools
 from agents.run_context import RunContext, pending_tool_calls
 from agents.tracing import traced_node
@@ -51,11 +51,13 @@ def reflexion_input(text: str, max_steps: int, max_attempts: int) -> dict:
 
 @traced_node("recall")
 async def recall(state: ReflexionState, runtime: Runtime[RunContext]) -> dict:
-    """Lessons from earlier failures on similar tasks, and facts about the user."""
+    """The run's case (a reply to a follow-up question joins the case it answers), lessons
+    from earlier failures on similar tasks, and facts about the user."""
     ctx = runtime.context
+    q = follow_up_case(state, state["question"])
+    case = {"question": q, "pending": ""}  # a reply to a follow-up joins its case
     if ctx.memory is None:
-        return {"notes": ""}
-    q = state["question"]
+        return case | {"notes": ""}
     lessons = await ctx.memory.recall(ctx.user_id, ctx.task_kind, "reflection", q)
     facts = await ctx.memory.recall(ctx.user_id, ctx.task_kind, "fact", q)
     notes = [
@@ -64,7 +66,7 @@ async def recall(state: ReflexionState, runtime: Runtime[RunContext]) -> dict:
         ),
         format_notes("What you know about this user:", [m.text for m in facts]),
     ]
-    return {"notes": "\n\n".join(n for n in notes if n)}
+    return case | {"notes": "\n\n".join(n for n in notes if n)}
 
 
 def last_answer(state: ReflexionState) -> str:

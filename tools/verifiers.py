@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 from pydantic import BaseModel, Field
 
@@ -170,6 +171,44 @@ def triage_problems(question: str, answer: str, flags: Sequence[str] = ()) -> li
     return problems
 
 
+LOW_LEVEL = "level too low"
+"""How a floor problem starts (a pack's guard may raise the level instead of replacing)."""
+ASK_FIRST = "ask first"
+"""How a required-question problem starts (a pack's guard may ask the question itself)."""
+
+
+def is_question(text: str) -> bool:
+    """A reply that asks the user something instead of triaging: no level line, a `?`."""
+    return triage_level(text) is None and "?" in (text or "") and len(text) <= 400
+
+
+def asks_about(text: str, keywords: Sequence[str]) -> bool:
+    """Whether a question names what it should ask about (`keywords`, `*`: any ending)."""
+    words = re.findall(r"[a-z]+(?:/[a-z]+)?", (text or "").lower())
+    joined = " ".join(words)
+    for k in keywords:
+        if " " in k:
+            if k in joined:
+                return True
+        elif any(w.startswith(k[:-1]) if k.endswith("*") else w == k for w in words):
+            return True
+    return False
+
+
+class Assessment(Protocol):
+    """What a pack's rules make of a message (`agents.packs.red_flags.Assessment`)."""
+
+    flags: tuple[str, ...]
+
+    @property
+    def floor(self) -> str | None: ...
+
+    @property
+    def ask(self) -> Any: ...  # .fact .question .keywords .raises_to .required, or None
+
+    def reasons(self, level: str) -> list[str]: ...
+
+
 class TriageCheckArgs(BaseModel):
     question: str = Field(description="The patient's message.")
     answer: str = Field(description="The reply to check.")
@@ -181,8 +220,11 @@ Checker = Callable[[str, str], list[str]]
 class TriageCheck(Tool):
     """The triage rules as a Reflexion verifier: PASS, or FAIL: what to fix.
 
-    `red_flags` finds the red flags of a message (the pack's rules; none without it);
-    `screens` add checks of their own (question, answer) -> problems."""
+    `assess` reads a message with the pack's rules: its red flags, the least level its risk
+    factors allow, and the follow-up question worth asking when it lacks what would change
+    the level (`red_flags` alone: red flags only). A reply may be that question, once, when
+    the rules find one; it must be about what they ask. `screens` add checks of their own
+    (question, answer) -> problems."""
 
     name = "triage_check"
     description = "Check a triage reply: level line, red-flag escalation, disclaimer, no dosing."
@@ -192,15 +234,44 @@ class TriageCheck(Tool):
         self,
         red_flags: Callable[[str], list[str]] | None = None,
         screens: Sequence[Checker] = (),
+        assess: Callable[[str], Assessment] | None = None,
     ) -> None:
         self.red_flags = red_flags
         self.screens = tuple(screens)
+        self.assess = assess
 
     def problems(self, question: str, answer: str) -> list[str]:
         """Every problem of `answer` to `question` (empty: it passes)."""
-        flags = self.red_flags(question) if self.red_flags else []
-        found = triage_problems(question, answer, flags)
+        found = self._rules(question, answer)
         return found + [p for screen in self.screens for p in screen(question, answer)]
+
+    def _rules(self, question: str, answer: str) -> list[str]:
+        a = self.assess(question) if self.assess else None
+        flags = list(a.flags) if a else self.red_flags(question) if self.red_flags else []
+        ask = a.ask if a else None
+        if is_question(answer):
+            given = doses(answer)
+            problems = [f"never give doses (remove {', '.join(given)})"] if given else []
+            if ask is None:
+                return problems + [
+                    "give a triage level now, do not ask: end with a line 'Triage: <level>'"
+                ]
+            if not asks_about(answer, ask.keywords):
+                problems.append(f"ask about the {ask.fact}: {ask.question}")
+            return problems
+        problems = triage_problems(question, answer, flags)
+        level = triage_level(answer)
+        if a is None or level is None:
+            return problems
+        floor = a.floor
+        if floor and LEVELS.index(level) < LEVELS.index(floor):
+            problems.append(
+                f"{LOW_LEVEL}: the message says {', '.join(a.reasons(floor))}, so the level "
+                f"must be at least {floor}"
+            )
+        if ask is not None and ask.required and LEVELS.index(level) < LEVELS.index(ask.raises_to):
+            problems.append(f"{ASK_FIRST}: {ask.question}")
+        return problems
 
     async def run(self, args: TriageCheckArgs) -> str:
         problems = self.problems(args.question, args.answer)

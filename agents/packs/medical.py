@@ -8,9 +8,17 @@ disclaimer, no dose at all, red flags escalated, nothing empty, repeating, off-t
 offensive); a failed attempt is reflected on and retried. The user's message is PHI-scrubbed
 before it enters the graph.
 
-What the pack guarantees does not rest on the model: `TriageGuard` (`triage_guard.py`)
-escalates every red-flag message by rule and replaces an answer that still fails its checks
-with a safe fallback (see that module). Generation is short (`GENERATION`: a token budget,
+The rules are data (`data/triage_discriminators.toml`: discriminators from NHS 111/999
+pages, NICE guidelines, WHO ETAT and the Manchester Triage System, each naming its source),
+read by `red_flags.assess`: red flags, the floor that who is ill and what they measured set,
+and the follow-up question worth asking when a message lacks what would change the level
+(a baby's age with a fever, pregnancy with tummy pain, a diabetic's reading). The model may
+ask that question itself, once per case; the user's reply joins the case on the next turn.
+
+What the pack guarantees does not rest on the model: `TriageEnvelope` (`triage_envelope.py`)
+escalates every red-flag message by rule, raises an answer below the floor, asks the rules'
+question where the answer could be urgent, and replaces an answer that still fails its
+checks with a fallback at the level the rules support (see that module). Generation is short (`GENERATION`: a token budget,
 a stop at the `Triage:` line, a repetition penalty) and the knowledge base answers with two
 short passages, to answer in seconds on a CPU.
 
@@ -24,10 +32,11 @@ from pathlib import Path
 
 from agents.packs.base import Pack, Split, Task
 from agents.packs.common import scrub_input
-from agents.packs.red_flags import red_flags
+from agents.packs.red_flags import assess, red_flags
 from agents.packs.screen import Screen
 from agents.packs.triage_cases import Case, cases
-from agents.packs.triage_guard import FALLBACK, TriageGuard, escalation
+from agents.packs.triage_envelope import FALLBACK_ADVICE, TriageEnvelope, escalation, fallback
+from agents.packs.triage_rules import rules
 from agents.policy_client import Generation
 from agents.runtime import AgentSpec
 from tools.kb_search import KbSearch
@@ -35,6 +44,8 @@ from tools.verifiers import (
     DISCLAIMER,
     LEVELS,
     TriageCheck,
+    asks_about,
+    is_question,
     mentioned_level,
     triage_level,
     verify_triage,
@@ -47,8 +58,10 @@ SYSTEM = (
     "symptom in the knowledge base, then choose one triage level: self-care, see a doctor, "
     "urgent, or emergency. Red flags (chest pain, trouble breathing, stroke signs, heavy "
     "bleeding, collapse, a severe allergic reaction, thoughts of suicide) are always emergency: "
-    "tell them to call emergency services now. If the message does not say what is wrong, ask "
-    "one short question instead. Never give medicine doses. Reply in one or two short "
+    "tell them to call emergency services now. If the message lacks what would change the level "
+    "(what is wrong, a baby's age with a fever, whether she could be pregnant, a diabetic's "
+    "blood sugar reading, how long), ask one short question instead, with no Triage line. "
+    "Never give medicine doses. Reply in one or two short "
     f"sentences, then say: {DISCLAIMER} End with the line 'Triage: <level>'."
 )
 EXAMPLE = (
@@ -99,12 +112,15 @@ def screen() -> Screen:
     """The answer screen of the pack: its vocabulary is the knowledge base and its own texts."""
     kb = "\n".join(p.read_text(encoding="utf-8") for p in sorted(KB_DIR.glob("*.md")))
     answer = EXAMPLE[-1]["content"]
-    return Screen.of(kb, SYSTEM, answer, FALLBACK, escalation(["chest pain"]))
+    data = rules()
+    own = [fallback(level, tuple(f.flag for f in data.rules)) for level in FALLBACK_ADVICE]
+    own += [a.question for a in data.asks] + [escalation(sorted(data.advice))]
+    return Screen.of(kb, SYSTEM, answer, *own)
 
 
 def check() -> TriageCheck:
     """The triage checks: the verifier's rules, the pack's red flags and the screen."""
-    return TriageCheck(red_flags=red_flags, screens=(screen(),))
+    return TriageCheck(red_flags=red_flags, screens=(screen(),), assess=assess)
 
 
 def triage() -> AgentSpec:
@@ -124,7 +140,7 @@ def triage() -> AgentSpec:
         input_filter=scrub_input,
         disclaimer=DISCLAIMER,
         escalate=notice,
-        guard=TriageGuard(checks),
+        guard=TriageEnvelope(checks),
         generation=GENERATION,
         retry_when=lambda question: not red_flags(question),  # escalated by rule at once
     )
@@ -158,7 +174,17 @@ def task(c: Case) -> Task:
 
 
 def verify(t: Task, output: str) -> float:
-    """1 for the right level, 0.5 for one level too cautious, 0 otherwise or a missed red flag."""
+    """1 for the right level, 0.5 for one level too cautious, 0 otherwise or a missed red flag.
+
+    A case that lacks what would change its level (reference `ask`): 1 for a question about
+    what the rules would ask, 0.5 for the cautious level it could reach, else 0."""
+    if t.reference == "ask":
+        ask = assess(t.input).ask
+        if ask is None:
+            return 0.0
+        if is_question(output):
+            return 1.0 if asks_about(output, ask.keywords) else 0.0
+        return 0.5 if triage_level(output) == ask.raises_to else 0.0
     return verify_triage(output, t.reference, t.meta.get("red_flag") == "true")
 
 

@@ -20,8 +20,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, lru_cache
 from pathlib import Path
+
+from agents.packs.patient import Profile, profile
+from agents.packs.triage_rules import Ask, Groups, Rule, rules
+from tools.verifiers import LEVELS
 
 NEGATION_WINDOW = 8
 """Words between a negation cue and the start of the phrase it negates, at most."""
@@ -52,147 +56,120 @@ the knowledge base and the cue words are never corrected either."""
 KB_DIR = Path(__file__).parent / "kb" / "medical"
 
 
+RULES: tuple[Rule, ...] = rules().rules
+"""Every discriminator of the data file, red flags (`emergency`) and floors alike."""
+EMERGENCY_RULES = tuple(r for r in RULES if r.level == "emergency")
+ADVICE: dict[str, str] = rules().advice
+"""What to do now, per red flag, beside calling emergency services (from the data file)."""
+
+
 @dataclass(frozen=True)
-class Rule:
-    """One way a red flag shows: every group needs one of its phrases (`*`: any ending)."""
-
+class Finding:
     flag: str
-    page: str  # the knowledge-base page it is written from
-    groups: tuple[tuple[str, ...], ...]
+    level: str
+    source: str
 
 
-def rule(flag: str, page: str, *groups: str) -> Rule:
-    """A rule from groups written as `phrase|phrase|...`."""
-    return Rule(flag, page, tuple(tuple(g.split("|")) for g in groups))
+@dataclass(frozen=True)
+class Assessment:
+    """What the rules make of a message: red flags, the least level, a question worth asking."""
 
+    flags: tuple[str, ...]  # red flags (emergency findings), each once, in file order
+    findings: tuple[Finding, ...]  # every rule that fired, highest level first, each flag once
+    ask: Ask | None  # the first follow-up question whose fact the message lacks
+    profile: Profile
+    answered: tuple[str, ...]  # facts the message answers by a follow-up label (`Age: ...`)
 
-EMERGENCY_PAGE = "when-to-call-emergency-services.md"
-CHEST = "chest|breastbone|sternum"
-CHEST_FEEL = (
-    "pain*|hurt*|ache|aches|aching|pressure|tight*|crush*|squeez*|heavy|heaviness|discomfort|agony"
-)
-ONE_SIDE = (
-    "one side|one sided|left side|right side|side of my body|side of his body|side of her body"
-    "|side of their body|half of my body|half my body"
-)
-WEAK = "weak*|numb*|paraly*|droop*|cant move|cannot move|cant lift|cannot lift|cant feel|dead"
-BREATHING = (
-    "cant breath*|cannot breath*|can not breath*|unable to breath*|not breathing"
-    "|stopped breathing|struggling to breath*|struggle to breath*|trouble breath*"
-    "|difficulty breath*|difficult to breath*|hard to breath*|hard time breath*"
-    "|short of breath*|shortness of breath*|breathless*|gasping|choking|cant get my breath"
-    "|cant catch my breath"
-)
-HEAVY = (
-    "heavy|heavily|a lot|lots|so much|wont stop|will not stop|doesnt stop|does not stop"
-    "|not stopping|cant stop|cannot stop|spurt*|pour*|gush*|soak*|everywhere"
-)
-BRINGING_UP = "vomit*|throwing up|threw up|coughing up|coughed up|cough up|spitting"
-COLLAPSE = (
-    "collaps*|unconscious*|unresponsive|not responding|wont wake*|not waking|cant wake*"
-    "|cannot wake|seizure*|fitting|having a fit|had a fit|convuls*"
-)
-ALLERGY_TRIGGER = (
-    "sting|stung|bee|wasp|peanut*|nut|nuts|allerg*|ate|eating|medicine|medication|tablet*|food"
-    "|shellfish"
-)
-SUICIDE = (
-    "suicid*|kill myself|kill himself|kill herself|kill themselves|end my life|ending my life"
-    "|end his life|end her life|end their life|end it all|take my own life|want to die"
-    "|wanna die|better off dead|harm* myself|self harm*|overdose*"
-)
-NOT_FADING = "not fade|doesnt fade|does not fade|wont fade|dont fade|glass"
+    @property
+    def floor(self) -> str | None:
+        """The least level any answer may give (None: the rules set none)."""
+        return self.findings[0].level if self.findings else None
 
-RULES: tuple[Rule, ...] = (
-    rule("chest pain", "chest-pain.md", CHEST, CHEST_FEEL),
-    rule("chest pain", "chest-pain.md", "heart attack|cardiac arrest"),
-    rule("chest pain", "chest-pain.md", "crush*", "pain*|pressure"),
-    rule("chest pain", "chest-pain.md", "pain*", "spread*|radiat*", "arm|jaw"),
-    rule("difficulty breathing", EMERGENCY_PAGE, BREATHING),
-    rule("difficulty breathing", EMERGENCY_PAGE, "lips|lip", "blue"),
-    rule("difficulty breathing", EMERGENCY_PAGE, "turning blue|going blue"),
-    rule("stroke signs", "stroke.md", "face|mouth|smile", "droop*|lopsided|sagging|dropped|fallen"),
-    rule("stroke signs", "stroke.md", "slur*|garbled"),
-    rule("stroke signs", "stroke.md", "arm|arms", "weak*|numb*|paraly*|cant lift|cannot lift|dead"),
-    rule("stroke signs", "stroke.md", ONE_SIDE, WEAK),
-    rule("stroke signs", "stroke.md", "stroke|mini stroke"),
-    rule(
-        "stroke signs",
-        "stroke.md",
-        "sudden*",
-        "confus*|blind*|loss of sight|lost my sight|cant see|balance|cant walk",
-    ),
-    rule("heavy bleeding", "cuts-and-bleeding.md", "bleed*|blood", HEAVY),
-    rule("heavy bleeding", "diarrhoea-and-vomiting.md", BRINGING_UP, "blood"),
-    rule("heavy bleeding", "diarrhoea-and-vomiting.md", "coffee grounds"),
-    rule("collapse", EMERGENCY_PAGE, COLLAPSE),
-    rule(
-        "severe allergic reaction",
-        "allergic-reactions.md",
-        "throat|tongue",
-        "swell*|swollen|closing|tight*",
-    ),
-    rule(
-        "severe allergic reaction",
-        "allergic-reactions.md",
-        "lips|lip|face",
-        "swell*|swollen",
-        ALLERGY_TRIGGER,
-    ),
-    rule(
-        "severe allergic reaction",
-        "allergic-reactions.md",
-        "anaphyla*|epipen|severe allergic reaction",
-    ),
-    rule("thoughts of suicide", "mental-health-crisis.md", SUICIDE),
-    rule("sudden severe headache", "headache.md", "headache*|head", "worst|thunderclap"),
-    rule(
-        "sudden severe headache",
-        "headache.md",
-        "sudden*",
-        "severe|excruciating|terrible",
-        "headache*",
-    ),
-    rule("meningitis signs", "skin-and-rashes.md", "rash*", NOT_FADING),
-    rule("meningitis signs", "fever.md", "stiff", "neck", "fever|temperature|rash*|headache*"),
-    rule("severe burn", "burns.md", "burn*", "electric*|chemical|charred|white skin|large|deep"),
-    rule(
-        "sudden severe tummy pain",
-        "stomach-ache.md",
-        "belly|tummy|stomach|abdomen",
-        "hard|rigid",
-        "sudden*|severe|swollen",
-    ),
-)
-
-ADVICE: dict[str, str] = {
-    "chest pain": "Stop and rest while you wait; do not drive yourself to hospital.",
-    "difficulty breathing": "Sit upright and stay with someone while you wait.",
-    "stroke signs": "Note the time the symptoms started, even if they go away.",
-    "heavy bleeding": "Press firmly on the wound with a clean cloth and keep pressing.",
-    "collapse": "Stay with the person and tell the call handler whether they are breathing.",
-    "severe allergic reaction": "Use an adrenaline auto-injector if there is one.",
-    "thoughts of suicide": "If you might act on these thoughts, go to an emergency department "
-    "now or stay with someone; in the US you can also call or text 988, in the UK call "
-    "Samaritans.",
-    "sudden severe headache": "Do not wait to see whether it settles.",
-    "meningitis signs": "Do not wait for more symptoms to appear.",
-    "severe burn": "Cool the burn with cool running water while you wait.",
-    "sudden severe tummy pain": "Do not eat or drink while you wait.",
-}
-"""What to do now, per flag, beside calling emergency services (from the flag's page)."""
+    def reasons(self, level: str) -> list[str]:
+        return [f.flag for f in self.findings if f.level == level]
 
 
 def red_flags(message: str) -> list[str]:
-    """The red flags a patient's message raises, each named once, in `RULES` order."""
-    found: list[str] = []
-    for sentence in sentences(message):
-        words = [correct(w) for w in tokens(sentence)]
-        spans = _symptom_spans(words)
-        for rule in RULES:
-            if rule.flag not in found and _fires(rule, words, spans):
-                found.append(rule.flag)
-    return found
+    """The red flags a patient's message raises, each named once, in the data file's order."""
+    return list(assess(message).flags)
+
+
+@lru_cache(maxsize=4096)
+def assess(message: str) -> Assessment:
+    """The rules of the data file applied to a (scrubbed) message."""
+    text = Text.of(message)
+    person = profile(message)
+    fired = [r for r in RULES if _rule_fires(r, text, person)]
+    flags = list(dict.fromkeys(r.flag for r in fired if r.level == "emergency"))
+    order = sorted(fired, key=lambda r: -LEVELS.index(r.level))
+    seen: dict[str, Finding] = {}
+    for r in order:
+        seen.setdefault(r.flag, Finding(r.flag, r.level, r.source))
+    answered = tuple(a.fact for a in rules().asks if _labelled(message, a.label))
+    floor = LEVELS.index(order[0].level) if order else -1
+    ask = None
+    if not flags and not answered:  # one question per case: a reply is triaged
+        worth = (a for a in rules().asks if LEVELS.index(a.raises_to) > floor)
+        ask = next((a for a in worth if _ask_fits(a, text, person)), None)
+    return Assessment(tuple(flags), tuple(seen.values()), ask, person, answered)
+
+
+@dataclass(frozen=True)
+class Text:
+    """A message read once: its sentences' corrected words and cue-holding symptom spans."""
+
+    sentences: tuple[tuple[tuple[str, ...], tuple[tuple[int, int], ...]], ...]
+
+    @classmethod
+    def of(cls, message: str) -> Text:
+        out = []
+        for sentence in sentences(message):
+            words = [correct(w) for w in tokens(sentence)]
+            out.append((tuple(words), tuple(_symptom_spans(words))))
+        return cls(tuple(out))
+
+    def in_one_sentence(self, groups: Groups) -> bool:
+        return any(_fires(groups, list(w), list(s)) for w, s in self.sentences)
+
+    def anywhere(self, phrases: tuple[str, ...]) -> bool:
+        return any(_fires((phrases,), list(w), list(s)) for w, s in self.sentences)
+
+
+def _rule_fires(rule: Rule, text: Text, person: Profile) -> bool:
+    if rule.reading is not None and not rule.reading.holds(person.reading(rule.reading.kind)):
+        return False
+    if not _who_fits(dict(rule.who), text, person):
+        return False
+    if rule.all and not text.in_one_sentence(rule.all):
+        return False
+    return all(text.anywhere(group) for group in rule.also)
+
+
+def _who_fits(who: dict, text: Text, person: Profile) -> bool:
+    age = person.age_months
+    checks = {
+        "age_below_months": lambda v: age is not None and age < v,
+        "age_at_least_months": lambda v: age is not None and age >= v,
+        "age_at_least_years": lambda v: age is not None and age >= 12 * v,
+        "child": lambda v: person.child == v,
+        "pregnant": lambda v: person.pregnant is v,
+        "condition": lambda v: text.anywhere(rules().conditions[v]),
+        "age_known": lambda v: (age is not None) == v,
+        "could_be_pregnant": lambda v: person.could_be_pregnant == v,
+        "glucose_known": lambda v: (person.glucose is not None) == v,
+        "duration_known": lambda v: person.duration_known == v,
+        "symptom_known": lambda v: text.anywhere(rules().groups["SPECIFIC_SYMPTOM"]) == v,
+    }
+    return all(checks[key](value) for key, value in who.items())
+
+
+def _ask_fits(ask: Ask, text: Text, person: Profile) -> bool:
+    return _who_fits(dict(ask.who), text, person) and all(text.anywhere(g) for g in ask.when)
+
+
+def _labelled(message: str, label: str) -> bool:
+    """Whether a line of the message starts with a follow-up label (`Age: 3 weeks`)."""
+    return bool(re.search(rf"(?im)^\s*{re.escape(label)}\s*:", message or ""))
 
 
 def sentences(text: str) -> list[str]:
@@ -214,10 +191,10 @@ def correct(word: str) -> str:
     return near[0] if len(near) == 1 else word
 
 
-def _fires(rule: Rule, words: list[str], symptoms: list[tuple[int, int]]) -> bool:
+def _fires(groups: Groups, words: list[str], symptoms: list[tuple[int, int]]) -> bool:
     return all(
         any(not _negated(words, start, symptoms) for start in _starts(words, phrases))
-        for phrases in rule.groups
+        for phrases in groups
     )
 
 
@@ -239,14 +216,26 @@ def _word_matches(word: str, pattern: str) -> bool:
 def _symptom_spans(words: list[str]) -> list[tuple[int, int]]:
     """Where phrases that hold a cue word match ("cant breathe"): those cues negate nothing."""
     spans = []
-    for rule in RULES:
-        for phrases in rule.groups:
-            for phrase in phrases:
-                parts = phrase.split()
-                if not CUES.intersection(parts):
-                    continue
-                spans += [(i, i + len(parts)) for i in _starts(words, (phrase,))]
+    for phrase in _cue_phrases():
+        n = len(phrase.split())
+        spans += [(i, i + n) for i in _starts(words, (phrase,))]
     return spans
+
+
+@cache
+def _cue_phrases() -> tuple[str, ...]:
+    """The rules' phrases that hold a cue word ("cant breathe", "dont want to live")."""
+    return tuple(p for p in _all_phrases() if CUES.intersection(p.split()))
+
+
+@cache
+def _all_phrases() -> tuple[str, ...]:
+    data = rules()
+    groups = [g for r in data.rules for g in r.all + r.also] + [
+        g for a in data.asks for g in a.when
+    ]
+    phrases = [p for g in groups for p in g] + [p for c in data.conditions.values() for p in c]
+    return tuple(dict.fromkeys(phrases + list(data.groups["SPECIFIC_SYMPTOM"])))
 
 
 def _negated(words: list[str], start: int, symptoms: list[tuple[int, int]]) -> bool:
@@ -274,12 +263,10 @@ def vocabulary() -> frozenset[str]:
     """Every word the rules name (a `*` word with its usual endings), for spelling repair."""
     endings = ("", "s", "ed", "ing", "y", "ness", "ly", "e")
     out: set[str] = set()
-    for rule in RULES:
-        for phrases in rule.groups:
-            for phrase in phrases:
-                for part in phrase.split():
-                    stem = part.rstrip("*")
-                    out.update(stem + e for e in (endings if part.endswith("*") else ("",)))
+    for phrase in _all_phrases():
+        for part in phrase.split():
+            stem = part.rstrip("*")
+            out.update(stem + e for e in (endings if part.endswith("*") else ("",)))
     return frozenset(w for w in out if len(w) >= 4)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from agents.packs.red_flags import red_flags
+from agents.packs.red_flags import assess
 from tools.verifiers import LEVELS
 
 SYMPTOMS: dict[str, tuple[str, ...]] = {
@@ -71,6 +71,20 @@ SYMPTOMS: dict[str, tuple[str, ...]] = {
         "my arm is weak and my face feels numb on one side",
     ),
 }
+ASK: tuple[str, ...] = (
+    "my baby has had a fever since this morning",
+    "my daughter has a temperature and a cough",
+    "my wife has bad cramps low down in her tummy",
+    "diabetes and I have been feeling sick and very thirsty",
+    "my toddler has a high temperature and is grizzly",
+    "my girlfriend has a headache and tummy pain",
+    "my son feels hot to touch and will not eat",
+    "my partner is diabetic and has been vomiting since last night",
+    "my sister has stomach ache and some spotting",
+)
+"""Messages that lack what would change the level (`ask` cases): a child's age with a fever,
+whether she could be pregnant, a diabetic's reading. The right reply is the follow-up
+question the rules would ask (`medical.verify`)."""
 HELD_OUT = 3  # phrases per level kept for the eval split
 OPENERS = (
     "Hi, {s}. What should I do?",
@@ -97,22 +111,28 @@ class Case:
 
 
 def split_phrases(split: str) -> dict[str, tuple[str, ...]]:
-    """Each level's phrases of a split: the last `HELD_OUT` of each level are eval-only."""
+    """Each level's phrases of a split (`ask`: the follow-up cases): the last `HELD_OUT` of
+    each are eval-only."""
+    groups = SYMPTOMS | {"ask": ASK}
     if split == "eval":
-        return {level: s[-HELD_OUT:] for level, s in SYMPTOMS.items()}
-    return {level: s[:-HELD_OUT] for level, s in SYMPTOMS.items()}
+        return {level: s[-HELD_OUT:] for level, s in groups.items()}
+    return {level: s[:-HELD_OUT] for level, s in groups.items()}
 
 
 def cases(split: str) -> list[Case]:
     """Every (phrase, opener) message of the split, in a fixed shuffled order."""
     out = [
-        _case(f"{split}-{LEVELS.index(level)}-{i}-{j}", _message(opener, phrase), level, phrase)
+        _case(f"{split}-{_code(level)}-{i}-{j}", _message(opener, phrase), level, phrase)
         for level, phrases in split_phrases(split).items()
         for i, phrase in enumerate(phrases)
         for j, opener in enumerate(OPENERS)
     ]
     random.Random(0 if split == "train" else 1).shuffle(out)
     return out
+
+
+def _code(level: str) -> str:
+    return "ask" if level == "ask" else str(LEVELS.index(level))
 
 
 def _message(opener: str, phrase: str) -> str:
@@ -122,6 +142,9 @@ def _message(opener: str, phrase: str) -> str:
 
 def _case(case_id: str, message: str, level: str, phrase: str) -> Case:
     flagged = level == "emergency"
-    if flagged != bool(red_flags(message)):  # the red-flag rule and the levels must agree
-        raise AssertionError(f"case {case_id}: level {level} but red flags {red_flags(message)}")
+    found = assess(message)
+    if flagged != bool(found.flags):  # the red-flag rules and the levels must agree
+        raise AssertionError(f"case {case_id}: level {level} but red flags {found.flags}")
+    if (level == "ask") != (found.ask is not None and found.ask.required):
+        raise AssertionError(f"case {case_id}: level {level} but the rules ask {found.ask}")
     return Case(case_id, message, level, flagged, phrase)

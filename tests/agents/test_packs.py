@@ -12,12 +12,14 @@ from agents.packs.base import Task
 from agents.packs.common import scrub_input
 from agents.packs.maths_problems import GSM8K_FILE, gsm8k, template_eval
 from agents.packs.medical import KB_DIR
+from agents.packs.red_flags import assess
 from agents.packs.triage_cases import SYMPTOMS, cases, split_phrases
 from agents.packs.tutoring import EXAMPLE, problems, tutoring_pack
 from learner.policy.chat_format import render_prompt
 from learner.policy.tiny_model import build_tokenizer
 from tools.calculator import calculate
 from tools.kb_search import KbSearch, KbSearchArgs
+from tools.verifiers import DISCLAIMER
 
 
 def test_load_packs_serves_every_agent_and_names_unknown_packs():
@@ -230,4 +232,12 @@ def test_medical_pack_is_a_checked_reflexion_agent():
     assert t.needs_tool == "kb_search" and t.meta["red_flag"] == "true"
     assert p.verify(t, "Call emergency services now.\nTriage: emergency") == 1.0
     assert p.verify(t, "Triage: urgent") == 0.0
-    assert len(p.tasks("train")) == 144 and len(p.tasks("eval")) == 48
+    assert len(p.tasks("train")) == 168 and len(p.tasks("eval")) == 60
+    asks = [t for t in p.tasks("eval") if t.reference == "ask"]  # lacking what changes the level
+    for t in asks:
+        question = assess(t.input).ask.question
+        assert p.verify(t, question) == 1.0, t.input
+        assert p.verify(t, "What colour is your car?") == 0.0
+        assert p.verify(t, f"{DISCLAIMER}\nTriage: self-care") == 0.0
+        assert p.verify(t, f"{DISCLAIMER}\nTriage: emergency") == 0.5  # cautious, not asked
+    assert {assess(t.input).ask.fact for t in asks} == {"age", "pregnancy", "reading"}

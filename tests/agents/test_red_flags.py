@@ -8,9 +8,9 @@ import pytest
 
 from agents.packs import get_pack
 from agents.packs.common import scrub_input
-from agents.packs.medical import KB_DIR
 from agents.packs.red_flags import ADVICE, RULES, correct, red_flags
 from agents.packs.triage_cases import SYMPTOMS, cases
+from agents.packs.triage_rules import parse, rules
 
 ROOT = Path(__file__).resolve().parents[2]
 PROBE_FILE = ROOT / "agents" / "packs" / "data" / "triage_probe.jsonl"
@@ -95,12 +95,39 @@ def test_spelling_repair_needs_one_unique_rule_word_and_spares_real_words():
     assert correct("weeks") == "weeks" and correct("xyzzyq") == "xyzzyq"
 
 
-def test_every_rule_cites_a_knowledge_base_page_and_has_advice():
+def test_every_rule_names_a_published_source_and_every_red_flag_has_advice():
+    data = rules()
     for rule in RULES:
-        assert (KB_DIR / rule.page).is_file(), rule
-        assert rule.flag in ADVICE, rule.flag
-    pages = {p.name for p in KB_DIR.glob("*.md")}
-    assert {r.page for r in RULES} <= pages
+        assert rule.source in data.sources, rule
+        if rule.level == "emergency":
+            assert rule.flag in ADVICE, rule.flag
+    # the lists the issue names are all cited
+    cited = {r.source for r in RULES} | {a.source for a in data.asks}
+    for list_ in ("nice_ng143", "nice_ng51", "who_etat", "mts", "nhs_999", "nhs_preeclampsia"):
+        assert list_ in cited, list_
+
+
+@pytest.mark.parametrize(
+    "broken, says",
+    [
+        (
+            {"rule": [{"flag": "x", "level": "emergency", "source": "nowhere", "all": ["a"]}]},
+            "source",
+        ),
+        ({"rule": [{"flag": "x", "level": "soon", "source": "s", "all": ["a"]}]}, "level"),
+        ({"rule": [{"flag": "x", "level": "urgent", "source": "s", "all": ["NOPE"]}]}, "NOPE"),
+        ({"rule": [{"flag": "x", "level": "urgent", "source": "s"}]}, "at least one part"),
+        ({"rule": [{"flag": "x", "level": "emergency", "source": "s", "all": ["a"]}]}, "advice"),
+        ({"rule": [{"flag": "x", "level": "urgent", "source": "s", "who": {"tall": 1}}]}, "who"),
+        (
+            {"rule": [{"flag": "x", "level": "urgent", "source": "s", "reading": {"kind": "iq"}}]},
+            "reading",
+        ),
+    ],
+)
+def test_a_rules_file_that_does_not_hold_together_is_refused_by_name(broken, says):
+    with pytest.raises(ValueError, match=says):
+        parse({"sources": {"s": "a list"}} | broken)
 
 
 def test_scrubbing_the_message_keeps_its_red_flags():

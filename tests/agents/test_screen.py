@@ -8,7 +8,7 @@ from agents.packs.medical import EXAMPLE, KB_DIR, screen
 from agents.packs.red_flags import ADVICE
 from agents.packs.screen import lexicon
 from agents.packs.triage_cases import cases
-from agents.packs.triage_guard import FALLBACK, escalation
+from agents.packs.triage_envelope import FALLBACK, escalation
 from tools.kb_search import KbSearch
 from tools.verifiers import DISCLAIMER
 

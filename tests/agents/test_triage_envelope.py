@@ -15,7 +15,15 @@ import pytest
 
 from agents.events import STREAM_TRAJECTORIES, AnswerPath, RunStatus, decode
 from agents.packs.medical import SYSTEM, check, triage
-from agents.packs.triage_guard import FALLBACK, TriageGuard, escalation
+from agents.packs.triage_envelope import (
+    FALLBACK,
+    FALLBACK_ADVICE,
+    TriageEnvelope,
+    escalation,
+    fallback,
+    question,
+)
+from agents.packs.triage_rules import rules
 from agents.policy_client import PolicyConfig
 from agents.reflexion import REFLECT_PROMPT
 from agents.runtime import AgentRuntime
@@ -176,7 +184,7 @@ async def test_red_flags_are_read_from_the_scrubbed_message(aredis, llm):
 
 def test_the_guard_does_not_trust_the_graphs_verdict():
     """A verifier that said PASS (or crashed) changes nothing: the guard checks again."""
-    guard = TriageGuard(check())
+    guard = TriageEnvelope(check())
     bad = HOSTILE["dose"]
     for verdict in ("pass", "fail", "error", ""):
         assert guard(SORE, bad, verdict).answered_by is AnswerPath.FALLBACK
@@ -185,7 +193,9 @@ def test_the_guard_does_not_trust_the_graphs_verdict():
 
 
 def test_envelope_and_fallback_texts_pass_the_packs_own_checks():
-    assert_safe("I feel unwell", FALLBACK)
+    for level in FALLBACK_ADVICE:  # each level the fallback can give, on a case at that floor
+        assert_safe("I have had a sore throat for a week", fallback(level, ("severe pain",)))
+    assert_safe(SORE, FALLBACK)
     assert_safe(HEART, escalation(["chest pain", "difficulty breathing"]))
     assert escalation(["collapse"]).endswith("Triage: emergency")
 
@@ -235,5 +245,6 @@ def test_the_envelope_and_fallback_pass_the_phi_scrubber_unchanged():
     from agents.packs.common import scrub_input
     from agents.packs.red_flags import ADVICE
 
-    for text in (FALLBACK, escalation(list(ADVICE))):
+    texts = [fallback(level, tuple(ADVICE)) for level in FALLBACK_ADVICE]
+    for text in [*texts, escalation(list(ADVICE)), *(question(a.question) for a in rules().asks)]:
         assert scrub_input(text) == text
