@@ -12,10 +12,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import typer
 
-from deploy.cli_guard import (
+from deploy.cli_errors import (
     HOST_HELP,
     PORT_HELP,
-    guarded,
+    error_boundary,
     listen_on,
     show_version,
 )
@@ -76,7 +76,7 @@ def serve_agents(
         serve()
 
     listen_on("AGENTS", host, port)
-    guarded("serve agents", run, "agents", PackNotFound, ModelRouteError)
+    error_boundary("serve agents", run, "agents", PackNotFound, ModelRouteError)
 
 
 @serve_app.command("policy")
@@ -103,7 +103,7 @@ def serve_policy(
             raise Refused(str(exc)) from None
 
     listen_on("POLICY", host, port)
-    guarded("serve policy", run, "policy", Refused, BaseModelMismatch)
+    error_boundary("serve policy", run, "policy", Refused, BaseModelMismatch)
 
 
 @serve_app.command("vllm-sync")
@@ -125,9 +125,9 @@ def serve_vllm_sync(
     from deploy.vllm_sync.app import check_command, serve
 
     if check:
-        guarded("serve vllm-sync --check", check_command, "vllm-sync")
+        error_boundary("serve vllm-sync --check", check_command, "vllm-sync")
     else:
-        guarded("serve vllm-sync", lambda: serve(once=once), "vllm-sync")
+        error_boundary("serve vllm-sync", lambda: serve(once=once), "vllm-sync")
 
 
 @app.command("learn")
@@ -155,18 +155,18 @@ def learn(
 
         return main(once=once)
 
-    raise typer.Exit(guarded("learn", run, "learner"))
+    raise typer.Exit(error_boundary("learn", run, "learner"))
 
 
 def _release(command: str, **kwargs: object) -> int:
-    """`arloop policy ...` and `arloop eval` (deploy/commands.py), through `guarded`."""
+    """`arloop policy ...` and `arloop eval` (deploy/commands.py), through `error_boundary`."""
 
     def run() -> int:
         from deploy.commands import main
 
         return main(command, **kwargs)
 
-    return guarded("eval" if command == "eval" else f"policy {command}", run, "learner")
+    return error_boundary("eval" if command == "eval" else f"policy {command}", run, "learner")
 
 
 @policy_app.command("list")
@@ -286,7 +286,7 @@ def export(
 
         return main(ExportOptions(fmt, out, pack, since, scrub))
 
-    raise typer.Exit(guarded("export", run, "learner"))
+    raise typer.Exit(error_boundary("export", run, "learner"))
 
 
 # -- end arloop export ---------------------------------------------------------------------------
@@ -309,7 +309,7 @@ def forget(
 
         return main(user, tenant)
 
-    raise typer.Exit(guarded("forget", run, "agents"))
+    raise typer.Exit(error_boundary("forget", run, "agents"))
 
 
 @app.command("stress")
@@ -327,7 +327,7 @@ def stress(
 
         return main(agent)
 
-    raise typer.Exit(guarded("stress", run, "agents", PackNotFound))
+    raise typer.Exit(error_boundary("stress", run, "agents", PackNotFound))
 
 
 @app.command("demo")

@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from deploy.cli import app
-from deploy.cli_guard import LEARN_MODULES
+from deploy.cli_errors import LEARN_MODULES
 from learner.policy.registry import PolicyRegistry
 from tests.learner.gate.release_support import add_version
 

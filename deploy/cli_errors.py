@@ -1,6 +1,6 @@
-"""What every `arloop` command shares: a bad setting, a missing extra or a refused start as
-one line and exit 2 (never a traceback), `--version`, and `--host/--port` over the
-process's own variables."""
+"""The `arloop` commands' error boundary (`error_boundary`): a bad setting, a missing extra or
+a refused start as one line and exit 2, never a traceback; and what else every command shares:
+`--version`, and `--host/--port` over the process's own variables."""
 
 from __future__ import annotations
 
@@ -29,7 +29,9 @@ def show_version(show: bool) -> None:
         raise typer.Exit()
 
 
-def guarded(command: str, run: Callable[[], object], settings: str, *refused: type[Exception]):
+def error_boundary(
+    command: str, run: Callable[[], object], settings: str, *refused: type[Exception]
+):
     """Run a command; a bad ARLOOP_* setting (one line per variable), a missing extra or a
     `refused` error is a message and exit 2, never a traceback. `settings`: which class the
     command reads (`agents`, `policy`, `learner`, `vllm-sync`), for the examples of the messages."""
