@@ -95,7 +95,7 @@ from agents.packs.base import Task
 from agents.packs.tutoring import tutoring_pack
 from deploy.demo import run as demo
 from deploy.demo.report import eval_outcomes
-from deploy.demo.rounds import round_tasks
+from deploy.demo.visits import visit_tasks
 from deploy.settings import ModelSettings
 from learner.policy.models import apply_lora, load_base
 from learner.policy.registry import PolicyRegistry
@@ -147,7 +147,7 @@ def trl_arm(opts: demo.DemoOptions, train: list[Task], tokenizer) -> tuple[torch
     batch = MICRO_BATCH if MICRO_BATCH % opts.group == 0 else opts.group
     if opts.episodes % batch:
         raise SystemExit(f"--episodes must be a multiple of {batch} (completions per TRL step)")
-    by_id = {t.id: t for t in train}  # round_tasks repeats each problem `group` times
+    by_id = {t.id: t for t in train}  # visit_tasks repeats each problem `group` times
     problems = list(by_id.values())
     scored: list[float] = []
 
@@ -224,7 +224,7 @@ def one_run(a: argparse.Namespace, draw: int, seed: int, base_seen: dict) -> dic
     work = Path(tempfile.mkdtemp(prefix="arloop-bench-tutoring-"))
     opts = replace(_options(a, work), seed=seed, draw=draw)
     pack = tutoring_pack("templates", opts.eval_size)
-    train = round_tasks(
+    train = visit_tasks(
         pack.tasks("train"), opts.episodes // opts.group, opts.group, random.Random(f"{draw}/1")
     )  # the demo's round 1: the draw picks the problems
     evals = held_out_tasks(pack, a.held_out)

@@ -34,16 +34,16 @@ from rich.table import Table
 from agents.packs.base import Pack
 from deploy.demo.compare import final_comparison
 from deploy.demo.report import COLUMNS, Report, build_report, headline, markdown, table_cells
-from deploy.demo.rounds import (
-    RoundRecord,
-    round_tasks,
+from deploy.demo.stack import Stack, StackError
+from deploy.demo.users import Behaviour
+from deploy.demo.visits import (
+    VisitRecord,
     timed,
     traffic,
+    visit_tasks,
     wait_for_serving,
     wait_for_verdict,
 )
-from deploy.demo.stack import Stack, StackError
-from deploy.demo.users import Behaviour
 from learner.gate.eval_gate import GateConfig
 from learner.policy.registry import BASE_VERSION, PolicyRegistry, version_number
 
@@ -214,7 +214,7 @@ def run_demo(opts: DemoOptions, console: Console) -> tuple[Report, Path]:
     stack = Stack(data_dir, {})
     stack.env = stack_env(opts, stack.policy_url, pack)
     seconds: dict[str, float] = {}
-    records: list[RoundRecord] = []
+    records: list[VisitRecord] = []
     try:
         client = redis.Redis.from_url(stack.start_redis())
         registry = PolicyRegistry(client)
@@ -267,7 +267,7 @@ def _round(
     pack: Pack,
     seconds: dict[str, float],
     console: Console,
-) -> RoundRecord:
+) -> VisitRecord:
     """Traffic, then the learner's round and gate; the next round starts on the new champion."""
     before = max(version_number(v.version) or 0 for v in registry.versions())
     rec = _students(r, opts, stack, registry, pack, console, f"round {r}")
@@ -299,16 +299,16 @@ def _students(
     pack: Pack,
     console: Console,
     label: str,
-) -> RoundRecord:
+) -> VisitRecord:
     """Round `r`'s simulated students on the current champion."""
     champion = registry.resolve("champion")
-    tasks = round_tasks(
+    tasks = visit_tasks(
         pack.tasks("train"),
         opts.episodes // opts.group,
         opts.group,
         random.Random(f"{opts.seed if opts.draw is None else opts.draw}/{r}"),
     )
-    rec = RoundRecord(r, champion, [])
+    rec = VisitRecord(r, champion, [])
     rec.visits = timed(
         rec.seconds,
         "traffic",
@@ -327,7 +327,7 @@ def _students(
     return rec
 
 
-def _round_summary(rec: RoundRecord) -> dict[str, Any]:
+def _round_summary(rec: VisitRecord) -> dict[str, Any]:
     solved = sum(v.verdict.score >= 1.0 for v in rec.visits)
     return {
         "round": rec.round,

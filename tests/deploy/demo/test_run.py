@@ -15,8 +15,8 @@ from agents.events import STREAM_EVAL_TRAJECTORIES, STREAM_FEEDBACK, STREAM_TRAJ
 from agents.packs import get_pack
 from agents.packs.tutoring import tutoring_pack
 from deploy.demo.report import headline
-from deploy.demo.rounds import round_tasks
 from deploy.demo.run import DemoOptions, main, stack_env
+from deploy.demo.visits import visit_tasks
 from learner.policy.registry import CHAMPION, PolicyRegistry
 
 
@@ -111,7 +111,7 @@ def test_the_closing_visit_is_logged_but_not_learned_from(demo):
 
 
 def test_a_round_spreads_its_problems_over_the_kinds_in_groups():
-    tasks = round_tasks(tutoring_pack().tasks("train"), 10, 4, random.Random(5))
+    tasks = visit_tasks(tutoring_pack().tasks("train"), 10, 4, random.Random(5))
     problems = [tasks[i] for i in range(0, len(tasks), 4)]
     assert len(tasks) == 40 and all(tasks[i].id == tasks[i - i % 4].id for i in range(40))
     counts = Counter(t.meta["kind"] for t in problems)

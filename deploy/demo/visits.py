@@ -1,4 +1,5 @@
-"""One demo round: simulated traffic through the agent API, then wait for the learner and gate.
+"""One demo visit: the simulated students use the agent API, then the demo waits for the
+learning round their feedback starts, and for its gate ("round" is the learner's word).
 
 The learner starts a round once `min_episodes` runs have feedback (the demo makes exactly that
 many users speak up per round), trains, publishes a READY version, and its eval gate judges
@@ -26,8 +27,8 @@ from learner.policy.registry import CHAMPION, PolicyRegistry, version_number
 
 
 @dataclass
-class RoundRecord:
-    """What one round did and how long each phase took."""
+class VisitRecord:
+    """What one visit and the round after it did, and how long each phase took."""
 
     round: int
     served_by: str
@@ -38,7 +39,7 @@ class RoundRecord:
     seconds: dict[str, float] = field(default_factory=dict)
 
 
-def round_tasks(train: list[Task], problems: int, group: int, rng: random.Random) -> list[Task]:
+def visit_tasks(train: list[Task], problems: int, group: int, rng: random.Random) -> list[Task]:
     """`problems` training tasks, each brought by `group` users (the learner's prompt groups).
 
     The problems are spread evenly over the kinds (`meta["kind"]`: add, sub, ...): with a
