@@ -1,5 +1,5 @@
 """`arloop export`: the learner's logged runs and their feedback as a Hugging Face `datasets`
-dataset in TRL's formats (`learner/export.py` builds the rows), written as parquet or JSON
+dataset in TRL's formats (`learner/trl_rows.py` builds the rows), written as parquet or JSON
 lines. Nothing is written while a row holds text the PHI scrubber still finds: the agent API
 scrubs before Redis (ARLOOP_SCRUB_PHI), and the export checks that it did.
 Exit codes: 0 written, 1 refused (PHI found, nothing to export), 2 cannot run."""
@@ -17,8 +17,8 @@ from rich.console import Console
 from rich.markup import escape
 
 from deploy.learn.settings import LearnerSettings
-from learner.export import FORMATS, rated_runs, rows, texts
 from learner.store import Store
+from learner.trl_rows import FORMATS, rated_runs, rows, texts
 
 OK, REFUSED, CANNOT = 0, 1, 2
 SUFFIXES = (".parquet", ".jsonl")

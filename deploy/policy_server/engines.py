@@ -53,7 +53,7 @@ def llamacpp_problem(settings: PolicyServerSettings) -> str | None:
         return f"the device is {settings.device!r} and llama-cpp-python is built for the CPU"
     from transformers import AutoConfig, AutoTokenizer
 
-    from deploy.policy_server.llamacpp.export import ExportError, check_exportable
+    from deploy.policy_server.llamacpp.to_gguf import ExportError, check_exportable
     from learner.policy.models import resolve_base
 
     source = resolve_base(settings.base_model, cache_dir=settings.model_cache)

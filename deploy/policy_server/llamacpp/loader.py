@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from deploy.policy_server.llamacpp.export import EOS_KEY, Quant, export_gguf, read_eos_ids
 from deploy.policy_server.llamacpp.runner import LlamaRunner
+from deploy.policy_server.llamacpp.to_gguf import EOS_KEY, Quant, export_gguf, read_eos_ids
 from deploy.policy_server.openai_wire import token_bytes
 from learner.policy.models import (
     SMOLLM2,

@@ -23,7 +23,7 @@ def tiny():
 
 
 def _export(tiny, path, quant):
-    from deploy.policy_server.llamacpp.export import export_gguf
+    from deploy.policy_server.llamacpp.to_gguf import export_gguf
 
     return export_gguf(*tiny, path, quant=quant)
 
@@ -135,8 +135,8 @@ def test_the_q8_0_export_is_close_to_the_learners_weights(tiny, tmp_path):
 
 
 def test_the_loader_exports_a_version_once_and_keeps_the_newest(redis_client, tmp_path):
-    from deploy.policy_server.llamacpp.export import EOS_KEY
     from deploy.policy_server.llamacpp.loader import LlamaLoader
+    from deploy.policy_server.llamacpp.to_gguf import EOS_KEY
 
     registry = PolicyRegistry(redis_client)
     registry.ensure_base("tiny")

@@ -7,8 +7,8 @@ import pytest
 from trl.data_utils import apply_chat_template, is_conversational
 
 from agents.events import AnswerPath, ModelStep, ToolCallRequest, ToolStep, new_id
-from learner.export import conversation, rated_runs, rows
 from learner.policy.tiny_model import build_tokenizer
+from learner.trl_rows import conversation, rated_runs, rows
 from tests.learner.learner_events import feedback, trajectory
 
 SYSTEM = {"role": "system", "content": "You add."}
