@@ -5,10 +5,16 @@ and `arloop serve agents` (the medical pack) as a user would, then sends message
 over HTTP to `triage`: a subset of the pack's held-out cases (`--cases`, spread over the four
 levels) and of the probe messages written for this check and kept out of every training and
 eval split (`agents/packs/data/triage_probe.jsonl`, `--probes`, spread over red flags,
-negated red flags and the rest). Prints, per message and in total: the level returned and
-the model's own (before the envelope or fallback), who answered, red flags escalated (by
-what the user got, and by the model itself), negated red flags escalated by the rules,
-answers returned that fail the pack's checks (must be 0), level accuracy and latency p50/p95.
+negated red flags, floors, follow-up questions and the rest; `--probes all` runs every one).
+A probe that lacks what would change its level holds the patient's `reply`: when the agent
+asks, the reply goes to the same thread and the case is judged on the answer to it (the
+question counted as one more turn in the latency). Prints, per message and in total: the
+level returned and the model's own (before the envelope or fallback), who answered, red
+flags escalated (by what the user got, and by the model itself), non-emergencies sent to
+emergency, negated red flags escalated by the rules, questions asked (by the model, by the
+rules), the fallback's levels, answers returned that fail the pack's checks (must be 0),
+level accuracy (overall and of the model's own answers) and latency p50/p95 per turn and per
+case.
 
 The peer, in the same run on the first `--peer` messages, each right after the agent's own
 run of it (this machine is shared: both meet the same load): the triage agent as it was
@@ -17,7 +23,7 @@ three 600-character passages, no stop at the `Triage:` line, retries on red flag
 through the same policy server. Also printed: the policy server's CPU seconds per run (both
 cores), a figure less sensitive than wall time to what else the machine runs.
 
-    .venv/bin/python bench/bench_triage.py [--cases 6] [--probes 12] [--peer 3] [--threads 1]
+    .venv/bin/python bench/bench_triage.py [--cases 6] [--probes 12|all] [--peer 3] [--threads 1]
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ import redis.asyncio as aioredis
 from agents.events import STREAM_TRAJECTORIES, TrajectoryEvent, decode
 from agents.packs.medical import KB_DIR, check, triage
 from agents.packs.triage_cases import cases
+from agents.packs.triage_rules import rules
 from agents.policy_client import PolicyConfig
 from agents.runtime import AgentRuntime
 from deploy.demo.stack import Stack
@@ -62,6 +69,7 @@ class Message:
     level: str
     red_flag: bool
     negated: bool
+    reply: str | None = None  # the patient's answer to a follow-up question
 
 
 @dataclass
@@ -77,6 +85,9 @@ class Result:
     failed_checks: list[str]
     attempts: int
     model_passed: bool
+    turns: list[float]  # seconds of each turn (a follow-up question adds one)
+    asked_by: str | None  # model | rules | None: who asked the follow-up question
+    fallback_level: str | None
 
 
 def spread(items: list, key, n: int) -> list:
@@ -97,10 +108,19 @@ def messages(n_cases: int, n_probes: int) -> list[Message]:
     held = [
         Message("eval", c.id, c.message, c.level, c.red_flag, False)
         for c in sorted(cases("eval"), key=lambda c: c.id)
+        if c.level != "ask"  # no reply to give: the probes' follow-up cases carry one
     ]
     probes = [json.loads(line) for line in PROBE_FILE.read_text().splitlines() if line.strip()]
     probe = [
-        Message("probe", p["id"], p["message"], p["level"], p["red_flag"], "negated" in p["kinds"])
+        Message(
+            "probe",
+            p["id"],
+            p["message"],
+            p["level"],
+            p["red_flag"],
+            "negated" in p["kinds"],
+            p.get("reply"),
+        )
         for p in probes
     ]
     kind = lambda m: "red" if m.red_flag else "negated" if m.negated else "other"  # noqa: E731
@@ -121,13 +141,19 @@ def run_all(stack: Stack, chosen: list[Message], n_peer: int) -> tuple[list[Resu
         for i, m in enumerate(chosen):
             start, cpu = time.perf_counter(), cpu_seconds(server)
             body = {"input": m.text, "user_id": f"bench{i}"}
-            r = http.post(
-                "/v1/agents/triage/runs", json=body, headers={"Authorization": f"Bearer {KEY}"}
-            )
-            seconds, cpu = time.perf_counter() - start, cpu_seconds(server) - cpu
-            r.raise_for_status()
-            answer = r.json()
+            answer, turns = turn(http, trajectories, body), []
             t = trajectory(trajectories, answer["trajectory_id"])
+            turns.append(time.perf_counter() - start)
+            asked_by, case = t.metadata.get("arloop.asked_by"), m.text
+            if asked_by and m.reply:  # the patient answers the question on the same thread
+                again = time.perf_counter()
+                label = next(a.label for a in rules().asks if a.fact == t.metadata["arloop.asked"])
+                case = f"{m.text}\n{label}: {m.reply}"
+                body |= {"input": m.reply, "thread_id": answer["thread_id"]}
+                answer = turn(http, trajectories, body)
+                t = trajectory(trajectories, answer["trajectory_id"])
+                turns.append(time.perf_counter() - again)
+            seconds, cpu = time.perf_counter() - start, cpu_seconds(server) - cpu
             escalated = t.metadata.get("arloop.model_escalated")
             result = Result(
                 m,
@@ -138,9 +164,12 @@ def run_all(stack: Stack, chosen: list[Message], n_peer: int) -> tuple[list[Resu
                 answer["answered_by"],
                 triage_level(t.model_answer),
                 None if escalated is None else escalated == "true",
-                checks.problems(t.input, answer["output"]),
+                [] if asked_by and len(turns) == 1 else checks.problems(case, answer["output"]),
                 int(t.metadata.get("arloop.attempts", "1")),
                 t.metadata.get("arloop.model_checks") == "pass",
+                turns,
+                asked_by,
+                t.metadata.get("arloop.fallback_level"),
             )
             out.append(result)
             print(row(result), flush=True)
@@ -148,6 +177,12 @@ def run_all(stack: Stack, chosen: list[Message], n_peer: int) -> tuple[list[Resu
                 peer_seconds.append(peer.run(m, i))
     peer.close()
     return out, peer_seconds
+
+
+def turn(http: httpx.Client, trajectories: redis.Redis, body: dict) -> dict:
+    r = http.post("/v1/agents/triage/runs", json=body, headers={"Authorization": f"Bearer {KEY}"})
+    r.raise_for_status()
+    return r.json()
 
 
 def cpu_seconds(pid: int) -> float:
@@ -194,7 +229,8 @@ def row(r: Result) -> str:
     return (
         f"  {r.message.id:<16} {flag} want {r.message.level:<12} got {str(said):<12} "
         f"model {str(r.model_level):<12} {r.answered_by:<9} {r.seconds:6.1f} s"
-        f" (server CPU {r.server_cpu_s:5.1f} s, {r.attempts} attempt{'s' * (r.attempts > 1)})"
+        + (f" asked by {r.asked_by} ({len(r.turns)} turns)" if r.asked_by else "")
+        + f" (server CPU {r.server_cpu_s:5.1f} s, {r.attempts} attempt{'s' * (r.attempts > 1)})"
         + (f"  FAILED: {r.failed_checks}" if r.failed_checks else "")
     )
 
@@ -206,12 +242,29 @@ def pct(values: list[float], q: float) -> float:
 
 def summary(results: list[Result], peer: list[float]) -> dict:
     red = [r for r in results if r.message.red_flag]
+    emergencies = [r for r in results if r.message.level == "emergency"]
+    others = [r for r in results if r.message.level != "emergency"]
     neg = [r for r in results if r.message.negated]
+    own = [r for r in results if r.answered_by == "model" and triage_level(r.output)]
     seconds = [r.seconds for r in results]
     out = {
         "messages": len(results),
+        "emergencies": len(emergencies),
+        "emergencies_escalated": sum(triage_level(r.output) == "emergency" for r in emergencies),
+        "non_emergencies": len(others),
+        "non_emergencies_sent_to_emergency": sum(
+            triage_level(r.output) == "emergency" for r in others
+        ),
         "level_accuracy": _share([triage_level(r.output) == r.message.level for r in results]),
+        "model_answers_returned": len(own),
+        "model_answers_level_accuracy": _share(
+            [triage_level(r.output) == r.message.level for r in own]
+        ),
         "model_level_accuracy": _share([r.model_level == r.message.level for r in results]),
+        "questions_asked": {k: sum(r.asked_by == k for r in results) for k in ("model", "rules")},
+        "fallback_levels": {
+            level: sum(r.fallback_level == level for r in results) for level in LEVELS
+        },
         "red_flags": len(red),
         "red_flags_escalated": sum(triage_level(r.output) == "emergency" for r in red),
         "red_flags_escalated_by_model": sum(bool(r.model_escalated) for r in red),
@@ -225,6 +278,8 @@ def summary(results: list[Result], peer: list[float]) -> dict:
         },
         "p50_s": statistics.median(seconds),
         "p95_s": pct(seconds, 0.95),
+        "turn_p50_s": statistics.median(t for r in results for t in r.turns),
+        "turn_p95_s": pct([t for r in results for t in r.turns], 0.95),
         "server_cpu_p50_s": statistics.median(r.server_cpu_s for r in results),
     }
     if peer:
@@ -244,7 +299,12 @@ def _share(flags: list[bool]) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", type=int, default=6, help="held-out cases (spread over levels)")
-    parser.add_argument("--probes", type=int, default=12, help="probe messages (spread over kinds)")
+    parser.add_argument(
+        "--probes",
+        type=lambda v: 10**6 if v == "all" else int(v),
+        default=12,
+        help="probe messages (spread over kinds), or all",
+    )
     parser.add_argument("--peer", type=int, default=3, help="messages the peer runs (0: none)")
     parser.add_argument(
         "--threads",

@@ -35,7 +35,7 @@ from agents.packs.base import Pack
 from deploy.demo.compare import final_comparison
 from deploy.demo.report import COLUMNS, Report, build_report, headline, markdown, table_cells
 from deploy.demo.stack import Stack, StackError
-from deploy.demo.users import Behaviour
+from deploy.demo.users import PATIENTS, Behaviour
 from deploy.demo.visits import (
     VisitRecord,
     timed,
@@ -291,6 +291,13 @@ def _round(
     return rec
 
 
+def _behaviour(pack: Pack, opts: DemoOptions) -> Behaviour:
+    """Students judge every answer themselves; patients as a clinic records (`PATIENTS`)."""
+    if pack.name == "medical":
+        return replace(PATIENTS, delay_s=(0.0, 1.0))
+    return Behaviour(noise=opts.noise, delay_s=(0.0, 1.0))
+
+
 def _students(
     r: int,
     opts: DemoOptions,
@@ -317,7 +324,7 @@ def _students(
         API_KEY,
         pack,
         tasks,
-        Behaviour(noise=opts.noise, delay_s=(0.0, 1.0)),
+        _behaviour(pack, opts),
         users=opts.users,
         quiet=_quiet(opts),
         seed=opts.seed * 1000 + r,

@@ -19,6 +19,13 @@ padding (0 for a missed red flag). Feedback, each kind sent with its own probabi
 answer the user knew was right. `noise` flips each judgement (thumbs and outcome invert, the
 rating moves one step) with that probability, `silence` is the chance a user sends nothing
 at all, and each user waits a random `delay_s` before sending.
+
+Patients (`PATIENTS`) judge as a clinic's records do: the patient sends a thumbs (noisier:
+a patient cannot tell the right level), and on a share of visits (`clinician`) the
+disposition a clinician later assigned arrives: an `outcome` (1 when the level the agent gave
+was the one assigned) and, when it was not, a `correction` naming the level (after a
+follow-up question the rules would have asked, the question). No rating, no self-reported
+outcome.
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ from typing import Any
 import httpx
 
 from agents.packs.base import Pack, Task
-from agents.packs.red_flags import red_flags
+from agents.packs.red_flags import assess, red_flags
 from tools.verifiers import DISCLAIMER, triage_level
 
 
@@ -54,6 +61,13 @@ class Behaviour:
     """Uniform range of the wait between the answer and the feedback."""
     max_words: int = 60
     """Answers longer than this are padding."""
+    clinician: float = 0.0
+    """Probability that a clinician's later disposition comes back for a visit (patients)."""
+
+
+PATIENTS = Behaviour(thumbs=0.8, rating=0.0, outcome=0.0, correction=0.0, noise=0.15, clinician=0.5)
+"""Patients and their clinic: thumbs from the patient, the disposition from a clinician on
+half the visits (a share of the calls an urgent-care service audits)."""
 
 
 @dataclass(frozen=True)
@@ -103,6 +117,9 @@ def judge(pack: Pack, task: Task, output: str, tools: Sequence[str], max_words: 
 
 def correction_text(task: Task) -> str:
     """What the user knew the answer should have been, in the agent's answer format."""
+    if task.agent == "triage" and task.reference == "ask":
+        ask = assess(task.input).ask
+        return ask.question if ask else "Ask what is wrong first."
     if task.agent == "triage":
         return f"{DISCLAIMER}\nTriage: {task.reference}"
     return f"The answer is {task.reference}.\n#### {task.reference}"
@@ -130,6 +147,10 @@ def feedback_for(
         out.append({"kind": "outcome", "value": 1.0 if solved != noisy() else 0.0})
     if not solved and rng.random() < b.correction:
         out.append({"kind": "correction", "text": correction_text(task)})
+    if rng.random() < b.clinician:  # the disposition a clinician assigned: no noise
+        out.append({"kind": "outcome", "value": 1.0 if solved else 0.0})
+        if not solved:
+            out.append({"kind": "correction", "text": correction_text(task)})
     if not out:
         up = (v.satisfaction >= 0.75) != noisy()
         out.append({"kind": "thumbs", "value": 1 if up else -1})

@@ -8,9 +8,10 @@ import pytest
 
 from agents.packs import get_pack
 from agents.packs.common import scrub_input
-from agents.packs.red_flags import ADVICE, RULES, correct, red_flags
+from agents.packs.red_flags import ADVICE, RULES, assess, correct, red_flags
 from agents.packs.triage_cases import SYMPTOMS, cases
 from agents.packs.triage_rules import parse, rules
+from tools.verifiers import LEVELS
 
 ROOT = Path(__file__).resolve().parents[2]
 PROBE_FILE = ROOT / "agents" / "packs" / "data" / "triage_probe.jsonl"
@@ -27,6 +28,52 @@ def test_the_probe_messages_cover_what_the_check_asks_for():
     assert {"lowercase", "misspelt", "negated", "two_symptoms", "someone_else"} <= kinds
     assert sum(r["red_flag"] for r in rows) >= 20
     assert sum("negated" in r["kinds"] for r in rows) >= 10
+
+
+def test_the_probe_set_covers_each_category_and_names_the_list_it_was_written_from():
+    rows = probes()
+    kinds = {k for r in rows for k in r["kinds"]}
+    categories = {
+        "infant_fever",
+        "child_signs",
+        "suicide_passive",
+        "pregnancy",
+        "metabolic",
+        "mmol",
+        "mgdl",
+        "fahrenheit",
+        "sepsis",
+        "immunosuppressed",
+        "anticoagulant",
+        "head_injury",
+        "poisoning",
+        "floor",
+        "ask",
+    }
+    assert categories <= kinds, categories - kinds
+    for r in rows:
+        if "list" in r:
+            assert r["list"] in rules().sources, r
+
+
+def test_each_probe_that_asks_reaches_its_level_on_the_patients_reply():
+    for r in probes():
+        found = assess(r["message"])
+        if "reply" not in r:
+            assert "ask" not in r["kinds"], r
+            continue
+        assert found.ask is not None and found.ask.required, r["message"]
+        after = assess(f"{r['message']}\n{found.ask.label}: {r['reply']}")
+        assert after.ask is None and after.answered == (found.ask.fact,)
+        assert bool(after.flags) == (r["level"] == "emergency"), (r["message"], after)
+        if after.floor is not None:
+            assert LEVELS.index(after.floor) <= LEVELS.index(r["level"]), r["message"]
+
+
+def test_the_floor_of_each_floor_probe_is_its_level():
+    for r in probes():
+        if "floor" in r["kinds"]:
+            assert assess(r["message"]).floor == r["level"], r["message"]
 
 
 def test_rules_escalate_every_red_flag_of_the_probe_and_no_negated_one():

@@ -4,12 +4,14 @@ import asyncio
 import json
 import random
 import re
+from dataclasses import replace
 
 import pytest
 
 from agents.events import STREAM_FEEDBACK, STREAM_TRAJECTORIES, decode
 from agents.packs import get_pack, load_packs
 from deploy.demo.users import (
+    PATIENTS,
     AgentClient,
     Behaviour,
     Verdict,
@@ -201,3 +203,23 @@ def test_patients_use_the_triage_agent_over_http(start_api, llm, redis_client):
         "rating",
         "outcome",
     }
+
+
+def test_patients_feedback_is_a_clinics_the_assigned_disposition_on_a_share_of_visits():
+    """A wrong level gets the clinician's outcome 0 and a correction naming the assigned level,
+    free of the patients' noise; a right one an outcome 1; about half the visits get one."""
+    medical = get_pack("medical")
+    t = next(t for t in medical.tasks("train") if t.reference == "urgent")
+    rng, b = random.Random(3), replace(PATIENTS, silence=0.0, noise=1.0)
+    wrong = [feedback_for(_verdict(score=0.0), t, b, rng) for _ in range(400)]
+    judged = [f for f in wrong if any(x["kind"] == "outcome" for x in f)]
+    assert 0.4 < len(judged) / len(wrong) < 0.6
+    for sent in judged:
+        assert {"kind": "outcome", "value": 0.0} in sent
+        assert {"kind": "correction", "text": correction_text(t)} in sent
+        assert medical.reference_from(correction_text(t)) == "urgent"
+    assert not any(x["kind"] == "rating" for f in wrong for x in f)
+    right = [feedback_for(_verdict(), t, b, rng) for _ in range(100)]
+    assert all(x["value"] == 1.0 for f in right for x in f if x["kind"] == "outcome")
+    ask = next(t for t in medical.tasks("train") if t.reference == "ask")
+    assert correction_text(ask).endswith("?")  # the question the rules would have asked
