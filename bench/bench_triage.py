@@ -141,7 +141,7 @@ def run_all(stack: Stack, chosen: list[Message], n_peer: int) -> tuple[list[Resu
         for i, m in enumerate(chosen):
             start, cpu = time.perf_counter(), cpu_seconds(server)
             body = {"input": m.text, "user_id": f"bench{i}"}
-            answer, turns = turn(http, trajectories, body), []
+            answer, turns = turn(http, body), []
             t = trajectory(trajectories, answer["trajectory_id"])
             turns.append(time.perf_counter() - start)
             asked_by, case = t.metadata.get("arloop.asked_by"), m.text
@@ -150,7 +150,7 @@ def run_all(stack: Stack, chosen: list[Message], n_peer: int) -> tuple[list[Resu
                 label = next(a.label for a in rules().asks if a.fact == t.metadata["arloop.asked"])
                 case = f"{m.text}\n{label}: {m.reply}"
                 body |= {"input": m.reply, "thread_id": answer["thread_id"]}
-                answer = turn(http, trajectories, body)
+                answer = turn(http, body)
                 t = trajectory(trajectories, answer["trajectory_id"])
                 turns.append(time.perf_counter() - again)
             seconds, cpu = time.perf_counter() - start, cpu_seconds(server) - cpu
@@ -179,7 +179,7 @@ def run_all(stack: Stack, chosen: list[Message], n_peer: int) -> tuple[list[Resu
     return out, peer_seconds
 
 
-def turn(http: httpx.Client, trajectories: redis.Redis, body: dict) -> dict:
+def turn(http: httpx.Client, body: dict) -> dict:
     r = http.post("/v1/agents/triage/runs", json=body, headers={"Authorization": f"Bearer {KEY}"})
     r.raise_for_status()
     return r.json()

@@ -184,7 +184,7 @@ def is_question(text: str) -> bool:
 
 def asks_about(text: str, keywords: Sequence[str]) -> bool:
     """Whether a question names what it should ask about (`keywords`, `*`: any ending)."""
-    words = re.findall(r"[a-z]+(?:/[a-z]+)?", (text or "").lower())
+    words = re.findall(r"[a-z]+", (text or "").lower())
     joined = " ".join(words)
     for k in keywords:
         if " " in k:

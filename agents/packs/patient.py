@@ -23,8 +23,15 @@ NUMBER_WORDS = {
     )
 } | {"a": 1, "an": 1}
 UNIT_MONTHS = {"day": 1 / 30.4, "week": 12 / 52, "month": 1.0, "year": 12.0}
-_NUM = r"(\d+(?:[.,]\d+)?|" + "|".join(sorted(NUMBER_WORDS, key=len, reverse=True)) + r")"
-_NUM_STRICT = r"(\d+(?:[.,]\d+)?|" + "|".join(w for w in NUMBER_WORDS if len(w) > 2) + r")"
+
+
+def _number_pattern(words: list[str]) -> str:
+    """A number in digits or as one of `words` (longest first), as a regex group."""
+    return r"(\d+(?:[.,]\d+)?|" + "|".join(sorted(words, key=len, reverse=True)) + r")"
+
+
+_NUM = _number_pattern(list(NUMBER_WORDS))
+_NUM_STRICT = _number_pattern([w for w in NUMBER_WORDS if len(w) > 2])  # no "a" or "an"
 _UNIT = r"(day|week|wk|month|mo|mth|year|yr)s?"
 _AGE_OLD = re.compile(rf"\b{_NUM}\s*-?\s*{_UNIT}\s*-?\s*olds?\b")
 _AGE_LABEL = re.compile(rf"\bage[sd]?\s*(?::|is|of)?\s*{_NUM_STRICT}(?:\s*{_UNIT})?\b")
@@ -141,7 +148,7 @@ def pregnancy(text: str) -> bool | None:
         return False
     if _PREGNANT_YES.search(text):
         return True
-    if _PREGNANT.search(text) and not re.search(r"\bcould you be pregnant\b", text):
+    if _PREGNANT.search(text):
         return True
     return None
 

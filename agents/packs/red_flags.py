@@ -1,10 +1,13 @@
-"""Red-flag rules of the medical pack: which patient messages always need emergency care.
+"""The medical pack's rules applied to a message: red flags, the floor, a follow-up question.
 
-Written from the knowledge base (`kb/medical`: the "Emergency level" sections and
-`when-to-call-emergency-services.md`), independent of any model. A rule is a few groups of
-phrases; it fires when every group has a phrase in the same sentence, in any order, and none
-of those phrases is negated. So "pain in my chest" and "chest pain" read alike, and "my dad has
-crushing chest pain" fires as "I have" does (a red flag about someone else still escalates).
+The rules are data (`data/triage_discriminators.toml`, read by `agents.packs.triage_rules`),
+independent of any model. `assess` reads a message once: its phrase groups (in one sentence,
+or anywhere in the message), what it says about who is ill and what they measured
+(`agents.packs.patient`), and returns the red flags (emergency rules), the least level the
+other rules allow and the follow-up question worth asking. A phrase group matches when one of
+its phrases occurs, in any order with the others, and is not negated. So "pain in my chest"
+and "chest pain" read alike, and "my dad has crushing chest pain" fires as "I have" does (a
+red flag about someone else still escalates).
 
 Words are lower-cased, apostrophes dropped (`can't` -> `cant`), and a word of five letters or
 more that no rule knows is corrected to the one rule word a single edit away (`chset`,
@@ -58,7 +61,6 @@ KB_DIR = Path(__file__).parent / "kb" / "medical"
 
 RULES: tuple[Rule, ...] = rules().rules
 """Every discriminator of the data file, red flags (`emergency`) and floors alike."""
-EMERGENCY_RULES = tuple(r for r in RULES if r.level == "emergency")
 ADVICE: dict[str, str] = rules().advice
 """What to do now, per red flag, beside calling emergency services (from the data file)."""
 

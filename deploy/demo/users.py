@@ -118,8 +118,7 @@ def judge(pack: Pack, task: Task, output: str, tools: Sequence[str], max_words: 
 def correction_text(task: Task) -> str:
     """What the user knew the answer should have been, in the agent's answer format."""
     if task.agent == "triage" and task.reference == "ask":
-        ask = assess(task.input).ask
-        return ask.question if ask else "Ask what is wrong first."
+        return assess(task.input).ask.question  # an `ask` case always has one (triage_cases)
     if task.agent == "triage":
         return f"{DISCLAIMER}\nTriage: {task.reference}"
     return f"The answer is {task.reference}.\n#### {task.reference}"

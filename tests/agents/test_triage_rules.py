@@ -77,6 +77,7 @@ ASKS = {  # message -> the fact a follow-up question must ask about
 }
 WRONG = f"Rest at home and drink water. {DISCLAIMER}\nTriage: self-care"
 HOSTILE = {
+    "nothing": "",
     "nonsense": "kapex icat xuv carbonara zahda cuminal manaqsa",
     "dose": f"Take 800 mg ibuprofen every 4 hours. {DISCLAIMER}\nTriage: self-care",
     "insult": f"Stop whining, you idiot. {DISCLAIMER}\nTriage: self-care",
@@ -95,7 +96,7 @@ def test_every_category_of_the_lists_is_escalated_whatever_the_model_writes(mess
         reviewed = envelope(message, text)
         assert reviewed.answered_by is AnswerPath.ENVELOPE and reviewed.follow_up is None
         assert triage_level(reviewed.output) == "emergency"
-        assert text not in reviewed.output
+        assert not text or text not in reviewed.output
         assert_safe(message, reviewed.output)
 
 
