@@ -112,7 +112,8 @@ def assess(message: str) -> Assessment:
     ask = None
     if not flags and not answered:  # one question per case: a reply is triaged
         worth = (a for a in rules().asks if LEVELS.index(a.raises_to) > floor)
-        ask = next((a for a in worth if _ask_fits(a, text, person)), None)
+        named = bool(fired) or text.anywhere(rules().groups["SPECIFIC_SYMPTOM"])
+        ask = next((a for a in worth if _ask_fits(a, text, person, named)), None)
     return Assessment(tuple(flags), tuple(seen.values()), ask, person, answered)
 
 
@@ -147,7 +148,9 @@ def _rule_fires(rule: Rule, text: Text, person: Profile) -> bool:
     return all(text.anywhere(group) for group in rule.also)
 
 
-def _who_fits(who: dict, text: Text, person: Profile) -> bool:
+def _who_fits(who: dict, text: Text, person: Profile, named: bool = True) -> bool:
+    """Whether the person fits `who`; `named`: the message names a symptom (a rule that fired
+    counts as one)."""
     age = person.age_months
     checks = {
         "age_below_months": lambda v: age is not None and age < v,
@@ -160,13 +163,13 @@ def _who_fits(who: dict, text: Text, person: Profile) -> bool:
         "could_be_pregnant": lambda v: person.could_be_pregnant == v,
         "glucose_known": lambda v: (person.glucose is not None) == v,
         "duration_known": lambda v: person.duration_known == v,
-        "symptom_known": lambda v: text.anywhere(rules().groups["SPECIFIC_SYMPTOM"]) == v,
+        "symptom_known": lambda v: named == v,
     }
     return all(checks[key](value) for key, value in who.items())
 
 
-def _ask_fits(ask: Ask, text: Text, person: Profile) -> bool:
-    return _who_fits(dict(ask.who), text, person) and all(text.anywhere(g) for g in ask.when)
+def _ask_fits(ask: Ask, text: Text, person: Profile, named: bool) -> bool:
+    return _who_fits(dict(ask.who), text, person, named) and all(text.anywhere(g) for g in ask.when)
 
 
 def _labelled(message: str, label: str) -> bool:

@@ -54,6 +54,14 @@ EMERGENCIES = {  # message -> the flag; one or more per category of the publishe
     "sudden agony in my left testicle": "sudden testicle pain",
     "I splashed oven cleaner in my eye": "eye injury or sudden loss of sight",
     "broke my arm and the bone is sticking out": "open fracture",
+    "my husband is drifting in and out of consciousness": "reduced consciousness",
+    "came off my motorbike and my neck really hurts": "possible spinal injury",
+    "suddenly I cannot move my legs": "new loss of feeling or movement",
+    "heart pounding for an hour and I nearly passed out": "palpitations with fainting, chest "
+    "pain or breathlessness",
+    "asthma attack and my blue inhaler isn't helping": "severe asthma attack",
+    "my 3 year old swallowed some of her grandad's tablets": "child swallowed medicine or a "
+    "harmful substance",
 }
 FLOORS = {  # message -> the least level the rules allow (not an emergency)
     "I'm on warfarin and slipped on the stairs, my hip is bruised": "urgent",
@@ -67,6 +75,12 @@ FLOORS = {  # message -> the least level the rules allow (not an emergency)
     "my 6 week old has a blocked nose": "see a doctor",
     "I'm pregnant and have a cold": "see a doctor",
     "severe toothache since yesterday": "urgent",
+    "both my arms have been tingling on and off": "urgent",
+    "I was in a car accident this morning but feel ok": "urgent",
+    "my left calf is swollen and warm to touch": "urgent",
+    "the wheeze is getting worse": "urgent",
+    "I can't keep any fluids down": "urgent",
+    "I keep getting palpitations": "see a doctor",
 }
 ASKS = {  # message -> the fact a follow-up question must ask about
     "my baby has a fever": "age",
