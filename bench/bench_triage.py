@@ -3,9 +3,11 @@
 Starts Redis, `arloop serve policy` (the default model, SmolLM2-135M-Instruct, on this CPU)
 and `arloop serve agents` (the medical pack) as a user would, then sends messages one at a time
 over HTTP to `triage`: a subset of the pack's held-out cases (`--cases`, spread over the four
-levels) and of the probe messages written for this check and kept out of every training and
+levels), of the probe messages written for this check and kept out of every training and
 eval split (`agents/packs/data/triage_probe.jsonl`, `--probes`, spread over red flags,
-negated red flags, floors, follow-up questions and the rest; `--probes all` runs every one).
+negated red flags, floors, follow-up questions and the rest; `--probes all` runs every one)
+and of the blind held-out set (`agents/packs/data/triage_heldout.jsonl`, `--heldout`: 72
+messages written from public guidance by someone who had not read the rules).
 A probe that lacks what would change its level holds the patient's `reply`: when the agent
 asks, the reply goes to the same thread and the case is judged on the answer to it (the
 question counted as one more turn in the latency). Prints, per message and in total: the
@@ -23,7 +25,8 @@ three 600-character passages, no stop at the `Triage:` line, retries on red flag
 through the same policy server. Also printed: the policy server's CPU seconds per run (both
 cores), a figure less sensitive than wall time to what else the machine runs.
 
-    .venv/bin/python bench/bench_triage.py [--cases 6] [--probes 12|all] [--peer 3] [--threads 1]
+    .venv/bin/python bench/bench_triage.py [--cases 6] [--probes 12|all] [--heldout 0|all]
+        [--peer 3] [--threads 1]
 """
 
 from __future__ import annotations
@@ -58,6 +61,8 @@ from tools.kb_search import KbSearch
 from tools.verifiers import LEVELS, triage_level
 
 PROBE_FILE = ROOT / "agents" / "packs" / "data" / "triage_probe.jsonl"
+HELDOUT_FILE = ROOT / "agents" / "packs" / "data" / "triage_heldout.jsonl"
+"""Messages written from public guidance by someone who had not read the rules (`--heldout`)."""
 KEY = "bench-key"
 
 
@@ -104,7 +109,7 @@ def spread(items: list, key, n: int) -> list:
     return out
 
 
-def messages(n_cases: int, n_probes: int) -> list[Message]:
+def messages(n_cases: int, n_probes: int, n_heldout: int = 0) -> list[Message]:
     held = [
         Message("eval", c.id, c.message, c.level, c.red_flag, False)
         for c in sorted(cases("eval"), key=lambda c: c.id)
@@ -124,7 +129,16 @@ def messages(n_cases: int, n_probes: int) -> list[Message]:
         for p in probes
     ]
     kind = lambda m: "red" if m.red_flag else "negated" if m.negated else "other"  # noqa: E731
-    return spread(held, lambda m: m.level, n_cases) + spread(probe, kind, n_probes)
+    blind = [json.loads(line) for line in HELDOUT_FILE.read_text().splitlines() if line.strip()]
+    written = [
+        Message("held", b["id"], b["message"], b["level"], b["level"] == "emergency", False)
+        for b in blind
+    ]
+    return (
+        spread(held, lambda m: m.level, n_cases)
+        + spread(probe, kind, n_probes)
+        + spread(written, lambda m: m.level, n_heldout)
+    )
 
 
 def run_all(stack: Stack, chosen: list[Message], n_peer: int) -> tuple[list[Result], list[float]]:
@@ -305,6 +319,12 @@ def main() -> None:
         default=12,
         help="probe messages (spread over kinds), or all",
     )
+    parser.add_argument(
+        "--heldout",
+        type=lambda v: 10**6 if v == "all" else int(v),
+        default=0,
+        help="messages of the blind held-out set (spread over levels), or all",
+    )
     parser.add_argument("--peer", type=int, default=3, help="messages the peer runs (0: none)")
     parser.add_argument(
         "--threads",
@@ -315,7 +335,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="also write the summary here")
     opts = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the stack on a kill too
-    chosen = messages(opts.cases, opts.probes)
+    chosen = messages(opts.cases, opts.probes, opts.heldout)
     assert all(m.level in LEVELS for m in chosen)
     with tempfile.TemporaryDirectory(prefix="arloop-bench-triage-") as tmp:
         stack = Stack(

@@ -164,6 +164,7 @@ def _who_fits(who: dict, text: Text, person: Profile, named: bool = True) -> boo
         "glucose_known": lambda v: (person.glucose is not None) == v,
         "duration_known": lambda v: person.duration_known == v,
         "symptom_known": lambda v: named == v,
+        "minor_ailment": lambda v: text.anywhere(rules().groups["MINOR"]) == v,
     }
     return all(checks[key](value) for key, value in who.items())
 

@@ -21,7 +21,7 @@ from tools.verifiers import LEVELS
 DATA = Path(__file__).parent / "data" / "triage_discriminators.toml"
 WHO_KEYS = frozenset(
     "age_below_months age_at_least_months age_at_least_years child pregnant condition "
-    "age_known could_be_pregnant glucose_known symptom_known duration_known".split()
+    "age_known could_be_pregnant glucose_known symptom_known duration_known minor_ailment".split()
 )
 READINGS = frozenset(("temperature", "glucose", "spo2", "systolic", "diastolic"))
 

@@ -17,8 +17,16 @@ ROOT = Path(__file__).resolve().parents[2]
 PROBE_FILE = ROOT / "agents" / "packs" / "data" / "triage_probe.jsonl"
 
 
+HELDOUT_FILE = ROOT / "agents" / "packs" / "data" / "triage_heldout.jsonl"
+
+
 def probes() -> list[dict]:
     return [json.loads(line) for line in PROBE_FILE.read_text().splitlines() if line.strip()]
+
+
+def heldout() -> list[dict]:
+    """Messages written from public guidance by someone who had not read the rules."""
+    return [json.loads(line) for line in HELDOUT_FILE.read_text().splitlines() if line.strip()]
 
 
 def test_the_probe_messages_cover_what_the_check_asks_for():
@@ -88,6 +96,9 @@ def test_rules_agree_with_every_case_level_of_the_pack():
     for split in ("train", "eval"):
         for c in cases(split):
             assert bool(red_flags(c.message)) == (c.level == "emergency"), c.message
+            floor = assess(c.message).floor  # no floor above a case's own level
+            if c.level != "ask" and floor is not None:
+                assert LEVELS.index(floor) <= LEVELS.index(c.level), (c.message, floor)
 
 
 @pytest.mark.parametrize(
@@ -187,7 +198,7 @@ def test_probe_messages_never_enter_a_split_the_learner_uses():
     pack = get_pack("medical")
     used = {t.input.casefold() for split in ("train", "eval") for t in pack.tasks(split)}
     phrases = {p.casefold() for level in SYMPTOMS.values() for p in level}
-    for r in probes():
+    for r in probes() + heldout():
         text = r["message"].casefold()
         assert text not in used and not any(text in u for u in used), r["message"]
         assert text not in phrases
@@ -198,7 +209,10 @@ def test_probe_messages_never_enter_a_split_the_learner_uses():
             "grep",
             "--untracked",
             "-l",
+            "-e",
             "triage_probe",
+            "-e",
+            "triage_heldout",
             "--",
             "agents",
             "learner",

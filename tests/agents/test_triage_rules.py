@@ -81,6 +81,7 @@ FLOORS = {  # message -> the least level the rules allow (not an emergency)
     "the wheeze is getting worse": "urgent",
     "I can't keep any fluids down": "urgent",
     "I keep getting palpitations": "see a doctor",
+    "my wee has been dark brown for two days": "see a doctor",  # no minor illness named
 }
 ASKS = {  # message -> the fact a follow-up question must ask about
     "my baby has a fever": "age",
