@@ -5,7 +5,7 @@ The triage rules read a `Profile` as well as the symptoms: an age (`3-week-old`,
 is a child, pregnancy (`34 weeks pregnant`, `not pregnant`, `Pregnant: yes`) and whether the
 message says the person is female, and readings in either unit system: temperature (°C or
 °F), blood glucose (mmol/L or mg/dL; a bare number is read by its size), oxygen saturation
-and blood pressure. A number is only read as a reading next to the words that name it, so a
+blood pressure, and how many tablets were taken at once. A number is only read as a reading next to the words that name it, so a
 date or a dose is not a temperature. Conditions and medicines are phrase groups of the
 rules file, matched with negation by `agents.packs.red_flags`.
 """
@@ -89,6 +89,7 @@ class Profile:
     spo2: float | None  # %
     systolic: float | None  # mmHg
     diastolic: float | None
+    tablets: float | None  # tablets or pills taken at once
     duration_known: bool
 
     def reading(self, kind: str) -> float | None:
@@ -121,6 +122,7 @@ def profile(message: str) -> Profile:
         spo2=oxygen(text),
         systolic=systolic,
         diastolic=diastolic,
+        tablets=tablets(text),
         duration_known=bool(_DURATION.search(text)),
     )
 
@@ -219,3 +221,18 @@ def blood_pressure(text: str) -> tuple[float | None, float | None]:
     if m := _BP.search(text):
         return _number(m.group(1)), _number(m.group(2))
     return None, None
+
+
+_TABLETS = re.compile(
+    r"\b(?:took|taken|take|swallowed|had|ate|eaten|downed|necked|popped)\s+(?:about\s+|around\s+|"
+    rf"like\s+|maybe\s+|over\s+|at least\s+|nearly\s+)?{_NUM_STRICT}\s+(?:\w+\s+){{0,2}}?"
+    r"(?:tablets|pills|capsules|caps|paracetamol|acetaminophen|tylenol|ibuprofen|aspirin|"
+    r"co-codamol|codeine|painkillers|sleeping pills|antidepressants|diazepam|of them)\b"
+)
+
+
+def tablets(text: str) -> float | None:
+    """How many tablets or pills the text says were taken at once, or None."""
+    if m := _TABLETS.search(text):
+        return _number(m.group(1))
+    return None

@@ -23,7 +23,7 @@ WHO_KEYS = frozenset(
     "age_below_months age_at_least_months age_at_least_years child pregnant condition "
     "age_known could_be_pregnant glucose_known symptom_known duration_known minor_ailment".split()
 )
-READINGS = frozenset(("temperature", "glucose", "spo2", "systolic", "diastolic"))
+READINGS = frozenset(("temperature", "glucose", "spo2", "systolic", "diastolic", "tablets"))
 
 Groups = tuple[tuple[str, ...], ...]
 """Phrase groups: every group needs one of its phrases (`*` at a word's end: any ending)."""
@@ -95,7 +95,8 @@ def rules() -> Rules:
 
 def parse(data: dict[str, Any]) -> Rules:
     """`Rules` from the file's tables; ValueError naming the entry that does not hold."""
-    named = {k: tuple(v.split("|")) for k, v in data.get("groups", {}).items()}
+    raw = {k: tuple(v.split("|")) for k, v in data.get("groups", {}).items()}
+    named = {k: _expand("|".join(v), raw) for k, v in raw.items()}
     sources = dict(data["sources"])
     conditions = {k: tuple(v.split("|")) for k, v in data.get("conditions", {}).items()}
     advice = dict(data.get("advice", {}))
@@ -153,14 +154,19 @@ def parse(data: dict[str, Any]) -> Rules:
     return Rules(sources, conditions, advice, tuple(out), tuple(asks), named)
 
 
-def _expand(item: str, named: dict[str, tuple[str, ...]]) -> tuple[str, ...]:
-    """A group written `NAME|phrase|...`: names of [groups] expand to their phrases."""
+def _expand(
+    item: str, named: dict[str, tuple[str, ...]], seen: tuple[str, ...] = ()
+) -> tuple[str, ...]:
+    """A group written `NAME|phrase|...`: names of [groups] expand to their phrases (a group
+    may name other groups; a circle is refused)."""
     out: list[str] = []
     for part in item.split("|"):
         if part.isupper() and part.replace("_", "").isalpha():
             if part not in named:
                 raise ValueError(f"unknown group {part!r}")
-            out.extend(named[part])
+            if part in seen:
+                raise ValueError(f"group {part!r} names itself")
+            out.extend(_expand("|".join(named[part]), named, (*seen, part)))
         else:
             out.append(part)
-    return tuple(out)
+    return tuple(dict.fromkeys(out))

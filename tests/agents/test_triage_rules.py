@@ -55,6 +55,10 @@ EMERGENCIES = {  # message -> the flag; one or more per category of the publishe
     "I splashed oven cleaner in my eye": "eye injury or sudden loss of sight",
     "broke my arm and the bone is sticking out": "open fracture",
     "my husband is drifting in and out of consciousness": "reduced consciousness",
+    "my son was hit by a car on his bike": "a high-energy injury",
+    "took about 30 sleeping pills an hour ago": "poisoning or overdose",
+    "grandma finished her antibiotics for a chest infection and now she is confused": "possible "
+    "sepsis",
     "came off my motorbike and my neck really hurts": "possible spinal injury",
     "suddenly I cannot move my legs": "new loss of feeling or movement",
     "heart pounding for an hour and I nearly passed out": "palpitations with fainting, chest "
@@ -82,6 +86,7 @@ FLOORS = {  # message -> the least level the rules allow (not an emergency)
     "I can't keep any fluids down": "urgent",
     "I keep getting palpitations": "see a doctor",
     "my wee has been dark brown for two days": "see a doctor",  # no minor illness named
+    "my 4 year old spilled hot tea on his arm": "urgent",
 }
 ASKS = {  # message -> the fact a follow-up question must ask about
     "my baby has a fever": "age",
@@ -184,6 +189,17 @@ def test_readings_mean_the_same_in_either_unit_system(a, b):
     assert assess(a).flags == assess(b).flags != ()
 
 
+def test_a_group_may_name_groups_and_a_circle_is_refused():
+    from agents.packs.triage_rules import parse
+
+    base = {"sources": {"s": "a list"}, "advice": {"x": "do"}}
+    one = [{"flag": "x", "level": "emergency", "source": "s", "all": ["A"]}]
+    data = parse(base | {"groups": {"A": "a|B", "B": "b|c"}, "rule": one})
+    assert data.rules[0].all == (("a", "b", "c"),)
+    with pytest.raises(ValueError, match="names itself"):
+        parse(base | {"groups": {"A": "a|B", "B": "A"}, "rule": one})
+
+
 def test_what_the_message_says_about_who_is_ill():
     assert profile("my 3-week-old").age_months == pytest.approx(0.69, abs=0.01)
     assert profile("aged 80").age_months == 960 and profile("I am a woman").age_months is None
@@ -193,6 +209,8 @@ def test_what_the_message_says_about_who_is_ill():
     assert not profile("he has tummy pain").could_be_pregnant
     assert profile("bp 150/95").systolic == 150 and profile("sats 92%").spo2 == 92
     assert profile("I took 2 tablets at 10").temperature is None  # a number is not a reading
+    assert profile("I took 2 tablets at 10").tablets == 2
+    assert profile("swallowed about 20 paracetamol").tablets == 20
     # negation holds for conditions as for symptoms
     assert assess("I'm not on blood thinners and I fell and hit my head").flags == ()
 
