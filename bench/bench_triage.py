@@ -6,8 +6,8 @@ over HTTP to `triage`: a subset of the pack's held-out cases (`--cases`, spread 
 levels), of the probe messages written for this check and kept out of every training and
 eval split (`agents/packs/data/triage_probe.jsonl`, `--probes`, spread over red flags,
 negated red flags, floors, follow-up questions and the rest; `--probes all` runs every one)
-and of the blind held-out set (`agents/packs/data/triage_heldout.jsonl`, `--heldout`: 72
-messages written from public guidance by someone who had not read the rules).
+and of the blind sets (`agents/packs/data/triage_heldout*.jsonl`, `--heldout`: messages
+written from public guidance by someone who had not read the rules).
 A probe that lacks what would change its level holds the patient's `reply`: when the agent
 asks, the reply goes to the same thread and the case is judged on the answer to it (the
 question counted as one more turn in the latency). Prints, per message and in total: the
@@ -61,8 +61,9 @@ from tools.kb_search import KbSearch
 from tools.verifiers import LEVELS, triage_level
 
 PROBE_FILE = ROOT / "agents" / "packs" / "data" / "triage_probe.jsonl"
-HELDOUT_FILE = ROOT / "agents" / "packs" / "data" / "triage_heldout.jsonl"
-"""Messages written from public guidance by someone who had not read the rules (`--heldout`)."""
+HELDOUT_FILES = sorted((ROOT / "agents" / "packs" / "data").glob("triage_heldout*.jsonl"))
+"""Messages written from public guidance by someone who had not read the rules (`--heldout`);
+each set was blind when written, and the rules were improved on it afterwards (see the docs)."""
 KEY = "bench-key"
 
 
@@ -129,7 +130,12 @@ def messages(n_cases: int, n_probes: int, n_heldout: int = 0) -> list[Message]:
         for p in probes
     ]
     kind = lambda m: "red" if m.red_flag else "negated" if m.negated else "other"  # noqa: E731
-    blind = [json.loads(line) for line in HELDOUT_FILE.read_text().splitlines() if line.strip()]
+    blind = [
+        json.loads(line)
+        for path in HELDOUT_FILES
+        for line in path.read_text().splitlines()
+        if line.strip()
+    ]
     written = [
         Message("held", b["id"], b["message"], b["level"], b["level"] == "emergency", False)
         for b in blind

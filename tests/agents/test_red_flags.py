@@ -26,7 +26,12 @@ def probes() -> list[dict]:
 
 def heldout() -> list[dict]:
     """Messages written from public guidance by someone who had not read the rules."""
-    return [json.loads(line) for line in HELDOUT_FILE.read_text().splitlines() if line.strip()]
+    return [
+        json.loads(line)
+        for path in (HELDOUT_FILE, HELDOUT_FILE.with_name("triage_heldout2.jsonl"))
+        for line in path.read_text().splitlines()
+        if line.strip()
+    ]
 
 
 def test_the_probe_messages_cover_what_the_check_asks_for():

@@ -56,6 +56,12 @@ EMERGENCIES = {  # message -> the flag; one or more per category of the publishe
     "broke my arm and the bone is sticking out": "open fracture",
     "my husband is drifting in and out of consciousness": "reduced consciousness",
     "my son was hit by a car on his bike": "a high-energy injury",
+    "my daughter touched a live wire in the garden": "electrical injury",
+    "flew home yesterday, my calf aches and now I'm out of breath on the stairs": "possible "
+    "blood clot in the lung",
+    "sudden tearing pain going through to my back": "possible aortic dissection",
+    "been working outside in the heat all day and now he has stopped sweating": "heatstroke",
+    "my 2 year old makes a harsh noise with every breath": "noisy breathing in a child",
     "took about 30 sleeping pills an hour ago": "poisoning or overdose",
     "grandma finished her antibiotics for a chest infection and now she is confused": "possible "
     "sepsis",
