@@ -28,7 +28,7 @@ def heldout() -> list[dict]:
     """Messages written from public guidance by someone who had not read the rules."""
     return [
         json.loads(line)
-        for path in (HELDOUT_FILE, HELDOUT_FILE.with_name("triage_heldout2.jsonl"))
+        for path in sorted(HELDOUT_FILE.parent.glob("triage_heldout*.jsonl"))
         for line in path.read_text().splitlines()
         if line.strip()
     ]

@@ -56,6 +56,10 @@ EMERGENCIES = {  # message -> the flag; one or more per category of the publishe
     "broke my arm and the bone is sticking out": "open fracture",
     "my husband is drifting in and out of consciousness": "reduced consciousness",
     "my son was hit by a car on his bike": "a high-energy injury",
+    "she gave birth last month and now she is hearing voices and hasn't slept in days": "possible "
+    "postpartum psychosis",
+    "throwing up all day, my tummy is bloated like a drum and I can't pass wind": "possible "
+    "bowel obstruction",
     "my daughter touched a live wire in the garden": "electrical injury",
     "flew home yesterday, my calf aches and now I'm out of breath on the stairs": "possible "
     "blood clot in the lung",
