@@ -27,25 +27,13 @@ from learner.policy.registry import (
     VersionStatus,
 )
 
-_REQUIRED = {"lora": ("adapter_config.json", "adapter_model.safetensors"), "full": ("config.json",)}
-
 
 def checkpoint_problem(record: PolicyVersion) -> str | None:
-    """Why a version's checkpoint cannot be served, or None when its files are in place."""
-    if record.status is VersionStatus.BROKEN:
-        return f"{record.version} is marked broken: {record.error}"
-    if record.checkpoint_uri.startswith("base:"):
-        return None
-    from learner.policy.models import CheckpointError, checkpoint_path  # torch: only when needed
+    """Why a version's checkpoint cannot be served, or None when its files are in place
+    (`learner.policy.models.checkpoint_problem`, the check the servers make before loading)."""
+    from learner.policy.models import checkpoint_problem as problem  # torch: only when needed
 
-    try:
-        folder = checkpoint_path(record.checkpoint_uri)
-    except CheckpointError as exc:
-        return str(exc)
-    if not folder.is_dir():
-        return f"its checkpoint folder {folder} does not exist"
-    missing = [n for n in _REQUIRED.get(record.checkpoint_kind, ()) if not (folder / n).is_file()]
-    return f"its checkpoint folder {folder} has no {missing[0]}" if missing else None
+    return problem(record)
 
 
 def record_report(registry: PolicyRegistry, report: GateReport, **extra: Any) -> None:
