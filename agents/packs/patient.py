@@ -180,7 +180,8 @@ def temperature(text: str) -> float | None:
 
 _GLUCOSE_UNIT = re.compile(r"\b(\d{1,4}(?:[.,]\d+)?)\s*(mmol(?:/l)?|mg\s*/?\s*dl)\b")
 _GLUCOSE_WORD = re.compile(
-    r"\b(?:sugar|sugars|glucose|bg|bm|blood sugar reading|reading|readings|level|levels)\b"
+    r"\b(?:sugar|sugars|glucose|bg|bm|blood sugar reading|reading|readings|level|levels|meter|"
+    r"monitor|finger prick)\b"
     r"[^.\d]{0,25}?(\d{1,4}(?:[.,]\d+)?)(?!\s*(?:%|°|degrees|c\b|f\b|/\d))"
 )
 
@@ -190,7 +191,7 @@ def glucose(text: str) -> float | None:
     if m := _GLUCOSE_UNIT.search(text):
         value = _number(m.group(1))
         return round(value / 18 if m.group(2).startswith("mg") else value, 1)
-    if re.search(r"\b(?:sugar|glucose|diabet\w*|bg|bm|insulin|hypo|blood sugar)\b", text):
+    if re.search(r"\b(?:sugar|glucose|diabet\w*|bg|bm|insulin|hypo|blood sugar|type [12])\b", text):
         if m := _GLUCOSE_WORD.search(text):
             value = _number(m.group(1))
             return round(value / 18 if value > 35 else value, 1)

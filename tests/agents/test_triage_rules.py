@@ -56,6 +56,9 @@ EMERGENCIES = {  # message -> the flag; one or more per category of the publishe
     "broke my arm and the bone is sticking out": "open fracture",
     "my husband is drifting in and out of consciousness": "reduced consciousness",
     "my son was hit by a car on his bike": "a high-energy injury",
+    "my daughter went under at the lake and was pulled out coughing": "after going under water",
+    "she had the baby last week and is soaking through pads with clots": "heavy bleeding after a "
+    "birth",
     "she gave birth last month and now she is hearing voices and hasn't slept in days": "possible "
     "postpartum psychosis",
     "throwing up all day, my tummy is bloated like a drum and I can't pass wind": "possible "
