@@ -232,11 +232,11 @@ class AgentRuntime:
             )
         except asyncio.CancelledError:  # logged as cancelled: its thread stays, emptied of it
             await self._forget_failed_run(entry, config, start["messages"][0].id)
-            await asyncio.gather(self.sink.write(self._cancelled(run)), self._release(lease))
+            await asyncio.gather(self.sink.write(self._cancelled(run)), self._close(lease))
             raise
         except BaseException:
             await self._undo(entry, config, start["messages"][0].id, lease)
-            await self._release(lease)
+            await self._close(lease)
             raise
         event = self._trajectory(run, state)
         try:
@@ -245,7 +245,7 @@ class AgentRuntime:
             await self._undo(entry, config, start["messages"][0].id, lease)
             raise
         finally:
-            await self._release(lease)
+            await self._close(lease)
         return event
 
     async def first_call(
@@ -330,9 +330,9 @@ class AgentRuntime:
         except Exception:  # noqa: BLE001 -- Redis down too: then nothing was written either
             log.warning("could not roll back the failed run on %s", config["configurable"])
 
-    async def _release(self, lease: ThreadLease) -> None:
+    async def _close(self, lease: ThreadLease) -> None:
         try:
-            await self.threads.release(lease)
+            await self.threads.close(lease)
         except redis.RedisError:  # the lock expires by itself; keep the run's own error
             log.warning("could not release thread %s", lease.thread_id)
 

@@ -119,7 +119,7 @@ class Threads:
             )
         return ThreadLease(thread_id, first, second == "1", token)
 
-    async def release(self, lease: ThreadLease) -> None:
+    async def close(self, lease: ThreadLease) -> None:
         await self._release(keys=[f"{self.key(lease.thread_id)}:lock"], args=[lease.token])
 
     async def record(self, thread_id: str) -> dict[str, str] | None:

@@ -63,10 +63,10 @@ async def chat_completions(req: ChatRequest, request: Request, key: Caller):
     try:
         ready, ticket = await _admit(st, req, policy, key, watch)
     except ClientGone:
-        st.versions.release(policy)
+        st.versions.unpin(policy)
         return Response(status_code=CLIENT_GONE)
     except BaseException:
-        st.versions.release(policy)
+        st.versions.unpin(policy)
         watch.stop()
         raise
     prompt_ids = ready.prompt_ids
@@ -193,7 +193,7 @@ class _Run:
         generated = sum(len(f.token_ids) for f in self.finished)
         self.st.metrics.generated_tokens.labels(version=self.policy.version).inc(generated)
         self.st.admission.leave(self.ticket)
-        self.st.versions.release(self.policy)
+        self.st.versions.unpin(self.policy)
 
 
 async def _stream(req: ChatRequest, run: _Run, rid: str):
@@ -274,11 +274,11 @@ async def lease(st: ServerState, target: str, key: PolicyKey | None) -> LoadedPo
         status = await asyncio.to_thread(_status_of, st, target)
         if status is VersionStatus.REJECTED:
             raise rejected_refusal(target)
-    policy = st.versions.acquire_loaded(target)
+    policy = st.versions.pin_loaded(target)
     if policy is not None:
         return policy
     try:
-        return await asyncio.to_thread(st.versions.acquire, target)
+        return await asyncio.to_thread(st.versions.pin, target)
     except UnknownVersion:
         raise OpenAIError(
             404,

@@ -119,8 +119,9 @@ class VersionManager:
 
     # -- requests --------------------------------------------------------------------------
 
-    def acquire_loaded(self, name: str) -> LoadedPolicy | None:
-        """A lease on `name` (alias or version) if it is in memory now, else None."""
+    def pin_loaded(self, name: str) -> LoadedPolicy | None:
+        """`name` (alias or version) pinned in memory for one request if it is loaded now, else
+        None (`unpin` when the request ends)."""
         with self._lock:
             version = self._aliases.get(name, name)
             policy = self._loaded.get(version)
@@ -130,9 +131,9 @@ class VersionManager:
             policy.last_used = time.monotonic()
             return policy
 
-    def acquire(self, name: str) -> LoadedPolicy:
-        """A lease on `name`, loading a registered version on demand (blocking: call in a thread)."""
-        policy = self.acquire_loaded(name)
+    def pin(self, name: str) -> LoadedPolicy:
+        """`name` pinned, loading a registered version on demand (blocking: call in a thread)."""
+        policy = self.pin_loaded(name)
         if policy is not None:
             return policy
         if name in ALIASES:
@@ -144,13 +145,13 @@ class VersionManager:
             raise VersionUnavailable(
                 f"version {name} failed to load: {self.registry.get(name).error}"
             )
-        policy = self.acquire_loaded(name)
+        policy = self.pin_loaded(name)
         if policy is None:
             raise VersionUnavailable(f"version {name} was unloaded while loading; retry")
         return policy
 
-    def release(self, policy: LoadedPolicy) -> None:
-        """End a lease; the last lease on a retired version frees it."""
+    def unpin(self, policy: LoadedPolicy) -> None:
+        """A request is done with `policy`; the last pin on a retired version frees it."""
         with self._lock:
             policy.in_flight -= 1
             free = policy.retired and policy.in_flight == 0

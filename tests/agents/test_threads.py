@@ -21,12 +21,12 @@ async def test_arm_is_drawn_once_per_thread_and_sticks(aredis):
         lease = await threads.open(f"t{i}", "u1", "tutor")
         assert lease.new
         arms[f"t{i}"] = lease.arm
-        await threads.release(lease)
+        await threads.close(lease)
     assert 3 <= list(arms.values()).count(CANDIDATE) <= 25  # seeded draw, share 0.3
     for thread_id, arm in arms.items():
         lease = await threads.open(thread_id, "u1", "tutor")
         assert (lease.arm, lease.new) == (arm, False)
-        await threads.release(lease)
+        await threads.close(lease)
 
 
 async def test_no_candidate_means_champion_and_candidate_threads_fall_back(aredis):
@@ -36,7 +36,7 @@ async def test_no_candidate_means_champion_and_candidate_threads_fall_back(aredi
     await aredis.hset(POLICY_ALIASES, CANDIDATE, "v2")
     lease = await threads.open("b", "u1", "tutor")
     assert lease.arm == CANDIDATE
-    await threads.release(lease)
+    await threads.close(lease)
     await aredis.hdel(POLICY_ALIASES, CANDIDATE)  # promoted or rolled back
     assert (await threads.open("b", "u1", "tutor")).arm == CHAMPION
     assert await threads.arm("b") == CHAMPION
@@ -53,8 +53,8 @@ async def test_threads_belong_to_one_user_one_agent_and_run_one_at_a_time(aredis
         await threads.open("t", "u1", "tutor")
     assert (other_user.value.status, other_agent.value.status, busy.value.status) == (403, 409, 409)
     assert "another request" in busy.value.reason
-    await threads.release(lease)
-    await threads.release(await threads.open("t", "u1", "tutor"))
+    await threads.close(lease)
+    await threads.close(await threads.open("t", "u1", "tutor"))
 
 
 async def test_canary_routing_end_to_end_is_sticky_per_thread(aredis, llm):
