@@ -142,9 +142,10 @@ def stack_env(
             "ARLOOP_BASE_MODEL": opts.model,
             "ARLOOP_THREADS": threads,
             "ARLOOP_MAX_BATCH_SIZE": str(_batch(opts)),
-            # the demo's calls stay under 600 tokens: 1024 keeps each slot's KV (reserved up
-            # front by llama.cpp) and its copies small
-            "ARLOOP_CONTEXT_LENGTH": "1024",
+            # a ReAct call stays under 600 tokens: 1024 keeps each slot's KV (reserved up front
+            # by llama.cpp) and its copies small; a Reflexion retry carries its first attempt,
+            # the check's critique and a reflection (the triage agent's reached 1,002 tokens)
+            "ARLOOP_CONTEXT_LENGTH": str(context_length(pack)),
             "ARLOOP_BATCH_WINDOW_MS": "20",
             "ARLOOP_MAX_TOKENS_CAP": str(token_cap(opts, pack)),
             "ARLOOP_RELOAD_POLL_S": "1",
@@ -195,6 +196,13 @@ def fresh_dir(opts: DemoOptions) -> Path:
         raise ValueError(f"data directory {folder} is not empty: the demo needs a fresh one")
     folder.mkdir(parents=True, exist_ok=True)
     return folder.resolve()
+
+
+def context_length(pack: Pack | None) -> int:
+    """The policy server's context for the demo: 1024, 2048 when an agent of the pack retries
+    (Reflexion: the retry's prompt holds the attempt it retries)."""
+    agents = pack.agents if pack else ()
+    return 2048 if any(a.kind == "reflexion" and a.max_attempts > 1 for a in agents) else 1024
 
 
 def token_cap(opts: DemoOptions, pack: Pack | None) -> int:

@@ -130,3 +130,16 @@ def test_the_policy_server_grants_what_the_packs_agents_ask_for():
     assert int(stack_env(opts, "", medical)["policy"]["ARLOOP_MAX_TOKENS_CAP"]) >= asks
     tutoring = stack_env(opts, "", get_pack("tutoring"))["policy"]
     assert tutoring["ARLOOP_MAX_TOKENS_CAP"] == str(opts.max_tokens)  # no agent of its own
+
+
+def test_the_policy_servers_context_holds_a_reflexion_retry():
+    """`arloop demo --pack medical` gave the policy server 1024 tokens of context; the triage
+    agent's retry (its first attempt, the check's critique, a reflection) reached 1,002 tokens
+    of prompt plus 80 to write, so every gate of a candidate failed closed until the demo gave
+    up. A pack whose agents retry gets 2048; the tutor's single ReAct calls keep 1024."""
+    opts = DemoOptions()
+    medical = get_pack("medical")
+    assert any(a.kind == "reflexion" and a.max_attempts > 1 for a in medical.agents)
+    assert stack_env(opts, "", medical)["policy"]["ARLOOP_CONTEXT_LENGTH"] == "2048"
+    tutoring = stack_env(opts, "", get_pack("tutoring"))["policy"]
+    assert tutoring["ARLOOP_CONTEXT_LENGTH"] == "1024"
