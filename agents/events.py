@@ -207,6 +207,19 @@ def check_feedback_value(kind: FeedbackKind, value: float | None, text: str | No
         )
 
 
+def kind_reward(kind: FeedbackKind, value: float | None) -> float | None:
+    """A feedback's reward in [-1, 1] by its kind: thumbs is its value (+1 / -1); a rating r in
+    1..5 is (r - 3) / 2; an outcome or verifier result v in 0..1 is 2v - 1; a correction has
+    none (it is a label or a preference pair); a named score is its pack's to read."""
+    if kind is FeedbackKind.THUMBS:
+        return float(value)  # type: ignore[arg-type]
+    if kind is FeedbackKind.RATING:
+        return (float(value) - 3.0) / 2.0  # type: ignore[arg-type]
+    if kind in (FeedbackKind.OUTCOME, FeedbackKind.VERIFIER):
+        return 2.0 * float(value) - 1.0  # type: ignore[arg-type]
+    return None
+
+
 def check_score_key(kind: FeedbackKind, key: str | None) -> None:
     """Raise ValueError unless a named score has a valid `key` and other kinds have none."""
     if kind is not FeedbackKind.SCORE:
@@ -241,14 +254,23 @@ class FeedbackEvent(_Event):
     credential: str | None = None  # the API key's name it came with (None: older events)
     key: str | None = None  # a named score's name (kind `score` only)
     reward: float | None = Field(None, ge=-1.0, le=1.0, allow_inf_nan=False)
-    """A named score as a reward, by its pack's rule when it arrived (None: not learned from)."""
+    """What this feedback is worth to the learner in [-1, 1], decided once, when it arrives:
+    by its kind (`kind_reward`: filled in here), or for a named score by its pack's rule (set
+    by the intake). None: not learned from as a reward (a correction, an unread score). The
+    learner reads this field and maps nothing itself."""
 
     @model_validator(mode="after")
     def _value_fits_kind(self) -> FeedbackEvent:
         check_feedback_value(self.kind, self.value, self.text)
         check_score_key(self.kind, self.key)
-        if self.reward is not None and self.kind is not FeedbackKind.SCORE:
-            raise ValueError("only a named score carries a reward; the others are read by kind")
+        if self.kind is FeedbackKind.SCORE:
+            return self
+        by_kind = kind_reward(self.kind, self.value)
+        if self.reward is not None and self.reward != by_kind:
+            raise ValueError(
+                f"{self.kind.value} {self.value} is worth {by_kind} by its kind, not {self.reward}"
+            )
+        object.__setattr__(self, "reward", by_kind)  # frozen: set once, in validation
         return self
 
     @property

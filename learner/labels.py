@@ -4,7 +4,7 @@ A label is what a verifier can check a resampled run against (`learner.resample`
 each in log-odds under the feedback noise (`noise`: the share of judgements that are flipped):
 - a positive judgement (thumbs up, rating 4-5, outcome or verifier above one half) on a run
   whose final answer the pack can read votes for that answer, a negative one against it; the
-  strength is the judgement's score (`learner.rewards.event_score`: a 4-star rating counts
+  strength is the judgement's reward (`FeedbackEvent.reward`: a 4-star rating counts
   half a thumbs-up) times logit(1 - noise);
 - a correction votes for the answer its text states (`reference_from`), as strongly as a
   thumbs-up (a correction with no readable answer is no vote);
@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from agents.events import AnswerPath, FeedbackEvent, FeedbackKind, TrajectoryEvent
 from learner.episodes import Episode
 from learner.policy.chat_format import ToolFormat
-from learner.rewards import event_score, sender_scales
+from learner.rewards import sender_scales
 from tools.base import Tool
 
 Reader = Callable[[str], str | None]
@@ -119,7 +119,7 @@ def episode_votes(episode: Episode, readers: Grounding, noise: float) -> list[Vo
                     Vote(key, said, strength, f.user_id, capped, f.kind.value, f.credential)
                 )
             continue
-        score = event_score(f)
+        score = f.reward
         if served is not None and score:
             votes.append(
                 Vote(key, served, score * strength, f.user_id, capped, f.kind.value, f.credential)

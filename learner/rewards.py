@@ -1,10 +1,10 @@
 """From feedback to rewards: one scalar per trajectory, one per turn, capped per user (pure).
 
 The rule, in order:
-1. Each feedback maps to a score in [-1, 1]: thumbs is its value (+1 / -1); a rating r in 1..5
-   is (r - 3) / 2; an outcome or verifier result v in 0..1 is 2v - 1; a named score is the
-   reward its pack's rule gave it on arrival (`FeedbackEvent.reward`; None: not learned from).
-   A correction has no score: it becomes a preference pair (see `learner/samples.py`).
+1. Each feedback's score is the reward decided when it arrived (`FeedbackEvent.reward`, in
+   [-1, 1]: by its kind, `agents.events.kind_reward`, or a named score by its pack's rule;
+   None: not learned from). Nothing here maps a value to a reward. A correction has no
+   score: it becomes a label or a preference pair (see `learner/samples.py`).
 2. Within an episode only the latest word of each (sender, kind, turn) counts (each named score
    is a kind of its own): a user who turns a thumbs-up into a thumbs-down is counted once,
    with the down.
@@ -28,7 +28,7 @@ from collections import defaultdict
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
 
-from agents.events import FeedbackEvent, FeedbackKind
+from agents.events import FeedbackEvent
 
 
 @dataclass(frozen=True)
@@ -50,29 +50,11 @@ class EpisodeReward:
     turns: dict[int, float]  # model step index -> that turn's reward
 
 
-def feedback_score(kind: FeedbackKind, value: float | None) -> float | None:
-    """A feedback value mapped to [-1, 1]; None for corrections (they become pairs)."""
-    if kind is FeedbackKind.THUMBS:
-        return float(value)  # type: ignore[arg-type]
-    if kind is FeedbackKind.RATING:
-        return (float(value) - 3.0) / 2.0  # type: ignore[arg-type]
-    if kind in (FeedbackKind.OUTCOME, FeedbackKind.VERIFIER):
-        return 2.0 * float(value) - 1.0  # type: ignore[arg-type]
-    return None
-
-
-def event_score(f: FeedbackEvent) -> float | None:
-    """One feedback event's score in [-1, 1] (a named score: its pack's reward), or None."""
-    if f.kind is FeedbackKind.SCORE:
-        return f.reward
-    return feedback_score(f.kind, f.value)
-
-
 def scored(feedback: Sequence[FeedbackEvent]) -> list[Scored]:
     """Scores of an episode's feedback, latest word per (sender, kind, turn) only."""
     latest: dict[tuple[str, str, int | None], Scored] = {}
     for f in sorted(feedback, key=lambda f: f.created_at):
-        score = event_score(f)
+        score = f.reward
         if score is not None:
             key = (f.user_id, f.slot, f.turn)
             latest[key] = Scored(

@@ -1,10 +1,9 @@
 import pytest
 
-from agents.events import FeedbackKind
+from agents.events import FeedbackEvent, FeedbackKind
 from learner.rewards import (
     EpisodeReward,
     batch_rewards,
-    feedback_score,
     scored,
     user_scales,
 )
@@ -26,8 +25,18 @@ from tests.learner.learner_events import feedback
         ("correction", None, None),
     ],
 )
-def test_feedback_score_maps_each_kind_to_minus_one_one(kind, value, score):
-    assert feedback_score(FeedbackKind(kind), value) == score
+def test_each_kind_is_worth_its_reward_decided_once_on_the_event(kind, value, score):
+    """The reward is decided when the feedback arrives and recorded; an event written before
+    the field was filled reads the same, and a reward the kind does not give is refused."""
+    event = feedback("t", kind, value, text="42" if kind == "correction" else None)
+    assert event.reward == score
+    assert [x.score for x in scored([event])] == ([] if score is None else [score])
+    data = event.model_dump(mode="json") | {"reward": None}  # as older producers wrote it
+    assert FeedbackEvent.model_validate(data).reward == score
+    if score is not None:
+        with pytest.raises(ValueError, match="by its kind"):
+            FeedbackEvent.model_validate(data | {"reward": -score if score else 0.5})
+    assert FeedbackKind(kind) is event.kind
 
 
 def test_only_a_senders_latest_word_counts_then_the_mean():
