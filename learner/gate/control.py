@@ -5,25 +5,31 @@ After a round publishes vN as READY, the gate evaluates it against the champion
 candidate (canary), or the champion (canary off). While a candidate is out no new round
 starts; every `canary.check_s` the controller (`learner/gate/canary.py`) compares live feedback
 per arm and promotes or rolls back. A version whose gate could not judge (policy server down)
-stays READY and is gated again later, so a crash or an outage never skips the gate.
+stays READY and is gated again later, so a crash or an outage never skips the gate; after
+`GateConfig.error_attempts` such tries, each further apart, it is rejected (fail closed): a
+version that cannot be judged is never released, and the learner stops spending gates on it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 
 from learner.gate import canary
-from learner.gate.eval_gate import ERROR
-from learner.gate.release import ReleaseError, apply_verdict
+from learner.gate.eval_gate import ERROR, GateReport, refuse
+from learner.gate.release import ReleaseError, apply_verdict, reject
 from learner.gate.runner import GateRunner
 from learner.gate.sequential import SequentialResult
-from learner.policy.registry import CANDIDATE, AliasConflict, VersionStatus
+from learner.policy.registry import CANDIDATE, CHAMPION, AliasConflict, VersionStatus
 from learner.store import Store
 
 log = logging.getLogger("arloop.release")
+
+RETRY_FIRST_S, RETRY_MAX_S = 30.0, 1800.0
+"""A gate that could not judge is tried again after 30 s, then twice as long each time."""
 
 Say = Callable[[str], None]
 """Where a line for people goes (`arloop learn` prints it on its console)."""
@@ -70,6 +76,8 @@ class ReleaseControl:
         """Hears each canary check (the learner's telemetry publishes it for the dashboard)."""
         self._next_check = 0.0
         self._retry_at = 0.0
+        self._errors: dict[str, int] = {}
+        """Gates of a version that could not judge it, in this process."""
 
     def canary_active(self) -> bool:
         return CANDIDATE in self.registry.aliases()
@@ -111,15 +119,34 @@ class ReleaseControl:
         try:
             report = self.gate.evaluate(version)
         except Exception as exc:
-            self._retry_at = time.monotonic() + max(self.canary.check_s, 30.0)
-            self._say(f"{version}: the gate failed ({type(exc).__name__}: {exc}); retried later")
             log.exception("gate failed")
+            champion = self.registry.resolve(CHAMPION)
+            reason = f"the gate failed ({type(exc).__name__}: {exc})"
+            report = refuse(version, champion, "gate", reason, suite=self.gate.suite.name)
+        else:
+            self.print(report.summary())
+        if report.verdict == ERROR and self._gave_up(report):
             return
-        self.print(report.summary())
         message = apply_verdict(self.registry, report, canary=self.canary.enabled, actor=self.actor)
-        if report.verdict == ERROR:
-            self._retry_at = time.monotonic() + max(self.canary.check_s, 30.0)
         self._say(message)
+
+    def _gave_up(self, report: GateReport) -> bool:
+        """Count a gate that could not judge; True once the version is rejected for it, else
+        the next try is set (twice as far off as the last)."""
+        n = self._errors[report.version] = self._errors.get(report.version, 0) + 1
+        attempts = self.gate.config.error_attempts
+        if n < attempts:
+            wait = min(RETRY_MAX_S, max(self.canary.check_s, RETRY_FIRST_S) * 2 ** (n - 1))
+            self._retry_at = time.monotonic() + wait
+            return False
+        why = f"the gate could not judge it {n} times (last: {report.reason})"
+        try:
+            reject(self.registry, dataclasses.replace(report, reason=why))
+        except ReleaseError as exc:  # another writer moved it first
+            self._say(f"{report.version}: {why}, and it cannot be rejected: {exc}")
+            return True
+        self._say(f"{report.version} rejected: {why}; fix the cause and run a new round")
+        return True
 
     def _check_canary(self) -> None:
         try:

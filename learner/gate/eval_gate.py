@@ -64,6 +64,10 @@ class GateConfig(BaseModel):
     """Off-policy estimate: below this effective sample size it refuses to conclude."""
     ope_max_runs: int = Field(512, ge=0)
     """Off-policy estimate: most recent logged runs (not trained on by the candidate) it reads."""
+    error_attempts: int = Field(5, ge=1)
+    """Times the gate may fail to judge one version (a policy server down, a prompt past the
+    context) before that version is rejected: it stays READY and is gated again after 30 s,
+    then 60, 120, ... (at most 30 minutes apart); the count restarts with the process."""
 
     @field_validator("looks")
     @classmethod

@@ -1,6 +1,7 @@
 """The gate's eval runs through the real agent graph against a live policy server (tiny model)."""
 
 import io
+import time
 
 import pytest
 import redis
@@ -18,10 +19,13 @@ from agents.runtime import AgentSpec
 from deploy.embedded_redis import free_port
 from deploy.learn.agent_runs import agent_suite, gate_runner, gate_task, outcome
 from deploy.learn.settings import LearnerSettings
+from learner.gate.canary import CanaryConfig
+from learner.gate.control import ReleaseControl
 from learner.gate.eval_gate import ERROR, GateConfig, SuiteRun, red_flag_counts
 from learner.gate.release import apply_verdict
 from learner.gate.runner import GateRunner, Suite, SuiteMissing
 from learner.policy.registry import CANDIDATE, CHAMPION, PolicyRegistry, VersionStatus
+from learner.store import Store
 from tests.deploy.policy_server.support import make_lora, publish, running_server, tiny_settings
 from tests.fakes.scripted_llm import Reply, ScriptedLLM
 from tests.fakes.servers import ServerThread
@@ -335,3 +339,34 @@ def test_the_gate_judges_the_models_own_answer_not_the_envelopes():
     assert theirs.score == 1.0 and theirs.escalated is None  # no guard recorded a red flag
     counts = red_flag_counts(SuiteRun("v2", (mine,)), SuiteRun("v1", (theirs,)))
     assert counts == {"v2": [0, 1]}
+
+
+def test_a_version_the_gate_cannot_judge_is_retried_further_apart_then_rejected(
+    stack, redis_server, tmp_path
+):
+    """A gate that fails closed every time (the policy server is gone) is not retried without
+    end: each try waits twice as long, and after `error_attempts` the version is rejected."""
+    _, registry, _ = stack
+    version = publish(registry, "lora", make_lora(tmp_path / "vx", seed=3), champion=False)
+    dead = f"http://127.0.0.1:{free_port()}/v1"
+    config = SMALL.model_copy(update={"error_attempts": 3})
+    gate = _gate(registry, _suite(redis_server.url, [echo_pack()], dead), config)
+    lines: list[str] = []
+    control = ReleaseControl(
+        gate, Store(tmp_path / "s.db"), CanaryConfig(enabled=False), actor="t", say=lines.append
+    )
+    waits = []
+    for _ in range(2):
+        before = time.monotonic()
+        control._gate(version)
+        waits.append(round(control._retry_at - before, -1))
+        assert registry.get(version).status is VersionStatus.READY
+        assert control.pending() == version and "stays READY" in lines[-1]
+    assert waits == [30.0, 60.0]
+    control._gate(version)
+    record = registry.get(version)
+    assert record.status is VersionStatus.REJECTED, lines
+    assert "could not judge it 3 times" in record.report["reason"]
+    assert "policy server failed" in record.report["reason"]
+    assert control.pending() != version and "rejected" in lines[-1]
+    assert registry.resolve(CHAMPION) == "v0"
