@@ -188,6 +188,31 @@ class PolicyClient:
         step = to_model_step(response, messages, tools, model, index, latency_ms)
         return self._step(step, self._answered(getattr(response, "_hidden_params", None)), arm)
 
+    async def respond(self, request: dict[str, Any], *, arm: str | None) -> Any:
+        """litellm's answer to a client's own OpenAI request (the agent API's
+        `/v1/chat/completions`), on the version `arm` names: the process's sampling fills only
+        what the request leaves out, and token ids and logprobs are asked for wherever the
+        endpoint gives them, whatever the request says. With `stream` an async iterator of
+        chunks. PolicyError as `complete`; parameters are never dropped silently."""
+        kwargs, extra = Generation().request(self.config)
+        call, kwargs = self._call(arm, kwargs | request, extra)
+        kwargs.pop("drop_params", None)  # another provider refuses what it cannot take
+        if not request.get("stream"):
+            async with self._errors():
+                return await call(**kwargs)
+        return self._chunks(call, kwargs)
+
+    async def _chunks(self, call: Any, kwargs: dict[str, Any]) -> AsyncIterator[Any]:
+        async with self._errors():
+            chunks = await call(**kwargs)
+            async for chunk in chunks:
+                yield chunk
+
+    def recorded(self, step: ModelStep, hidden: Any, arm: str | None) -> ModelStep:
+        """A step `respond` produced, as `complete` records it: the endpoint that answered
+        (from litellm's `_hidden_params`), its model string and version."""
+        return self._step(step, self._answered(hidden), arm)
+
     def _call(
         self, arm: str | None, kwargs: dict[str, Any], extra: dict[str, Any]
     ) -> tuple[Any, dict[str, Any]]:

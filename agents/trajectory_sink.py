@@ -96,6 +96,12 @@ def scrub_trajectory(event: TrajectoryEvent, scrub: Scrub) -> TrajectoryEvent:
     )
 
 
+def scrub_model_step(step: ModelStep, scrub: Scrub) -> ModelStep:
+    """One model step scrubbed as `scrub_trajectory` scrubs it (for a step kept in Redis
+    before its run is written: the agent API's calls from other agents)."""
+    return _model_step(step, scrub)
+
+
 def _model_step(step: ModelStep, s: Scrub) -> ModelStep:
     messages = [_message(m, s) for m in step.messages]
     output = s(step.output) if step.output else step.output
@@ -116,6 +122,8 @@ def _message(message: dict[str, Any], s: Scrub) -> dict[str, Any]:
     out = dict(message)
     if isinstance(out.get("content"), str):
         out["content"] = s(out["content"])
+    elif isinstance(out.get("content"), list):  # OpenAI's text parts
+        out["content"] = [_json(part, s) for part in out["content"]]
     if out.get("tool_calls"):
         out["tool_calls"] = [_wire_call(c, s) for c in out["tool_calls"]]
     return out

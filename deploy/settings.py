@@ -315,6 +315,14 @@ class AgentApiSettings(PolicyEndpointSettings):
     has read, so this bounds Redis when the learner stops. Past it the oldest entries go,
     read or not: the learner counts those it never read (`trimmed_unread` on the dashboard,
     `arloop_learner_trimmed_unread` on its /metrics). Unset: unbounded."""
+    run_idle_s: float = Field(600.0, gt=0.0)
+    """A run of `/v1/chat/completions` calls (one `X-Arloop-Run`) that is not ended with
+    `POST /v1/runs/{trajectory_id}/end` is closed and logged this long after its last call
+    (its output: the last call's answer)."""
+    chat_tokens_per_minute: int = Field(200_000, ge=1)
+    """Completion tokens one API key may ask for a minute on `/v1/chat/completions` (`n` times
+    `max_tokens`, else ARLOOP_POLICY_MAX_TOKENS, reserved when a call starts), all its users
+    together; 429 past it."""
     redis_timeout_s: float = 5.0
     """Socket timeout for Redis; a Redis that does not answer in time is a 503."""
     # -- models per agent and fallbacks (agents/model_routes.py) --

@@ -3,7 +3,8 @@
 Endpoints here: `GET /v1/agents`, `POST /v1/agents/{agent}/runs`, `POST /v1/feedback` (all
 with `Authorization: Bearer <key>`), `GET /healthz`, `GET /metrics`; the others come from
 their modules' routers: `streaming` (the run as Server-Sent Events), `history` (threads,
-feedback pages and export), `pages` (the chat page, the dashboard, the report card).
+feedback pages and export), `pages` (the chat page, the dashboard, the report card),
+`chat_completions` (OpenAI's API for agents arloop does not run itself).
 """
 
 from __future__ import annotations
@@ -26,8 +27,10 @@ from agents.packs.base import Pack
 from agents.policy_client import warm_up
 from agents.runtime import AgentSpec
 from agents.trajectory_sink import Scrub
+from deploy.agent_api.chat_completions import router as chat_router
 from deploy.agent_api.deps import CallerDep, ServicesDep
 from deploy.agent_api.errors import install_error_handlers
+from deploy.agent_api.external_runs import close_idle_runs
 from deploy.agent_api.history import router as history_router
 from deploy.agent_api.ingest import FeedbackFastPath, take_feedback
 from deploy.agent_api.metrics import ApiMetrics
@@ -136,7 +139,9 @@ def create_app(
         await asyncio.to_thread(warm_up)
         services = open_services(settings, url, specs, api_metrics, scrub, rng, score_rule)
         app.state.services = services
+        closer = asyncio.create_task(close_idle_runs(services.runs))
         yield
+        closer.cancel()
         await services.redis.aclose()
         services.reader.close()
 
@@ -146,7 +151,8 @@ def create_app(
     docs = (app.docs_url, app.redoc_url, app.swagger_ui_oauth2_redirect_url)
     app.add_middleware(SecurityHeaders, docs=docs)  # outermost: its 413 gets the headers too
     install_error_handlers(app)
-    for routes in (router, streaming_router, history_router, pages_router, users_router):
+    routers = (router, streaming_router, history_router, pages_router, users_router, chat_router)
+    for routes in routers:
         app.include_router(routes)
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
     app.openapi = lambda: _openapi(app, [s.name for s in specs], settings.max_input_chars)

@@ -24,6 +24,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
 from agents.errors import ArloopError
+from deploy.agent_api.chat_wire import error_param
 
 log = logging.getLogger(__name__)
 
@@ -38,9 +39,16 @@ class Unauthorized(ArloopError):
         return {"WWW-Authenticate": "Bearer"}
 
 
+OPENAI_PATHS = ("/v1/chat/completions", "/v1/models")
+"""Routes that speak OpenAI's wire format: their errors are `{"error": {message, type, param,
+code}}`, as the OpenAI SDK reads them, and a body that does not validate is a 400 naming the
+field (`deploy.agent_api.chat_wire`)."""
+
+
 def _answer(request: Request, exc: ArloopError) -> JSONResponse:
     """The response for an error, counted by status."""
-    return _answer_detail(request, exc.status, exc.reason, exc.headers())
+    where = (getattr(exc, "param", None), getattr(exc, "code", None))
+    return _answer_detail(request, exc.status, exc.reason, exc.headers(), where)
 
 
 async def arloop_error(request: Request, exc: ArloopError) -> JSONResponse:
@@ -102,6 +110,14 @@ def redis_refusal(exc: redis.RedisError) -> ArloopError:
 
 async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
     detail = [_safe_error(e) for e in exc.errors()]
+    if request.url.path in OPENAI_PATHS:
+        first = exc.errors()[0]
+        param = error_param(tuple(first.get("loc", ())))
+        if first.get("type") == "extra_forbidden":
+            reason = f"{param} is not supported by arloop's policy: leave it out"
+        else:
+            reason = f"{param}: {first.get('msg')}"
+        return _answer_detail(request, 400, reason, None, (param, "invalid_request"))
     return _answer_detail(request, 422, detail)
 
 
@@ -153,13 +169,24 @@ def _unreadable(cause: BaseException) -> str:
 
 
 def _answer_detail(
-    request: Request, status: int, detail: Any, headers: dict[str, str] | None = None
+    request: Request,
+    status: int,
+    detail: Any,
+    headers: dict[str, str] | None = None,
+    where: tuple[str | None, str | None] = (None, None),
 ) -> JSONResponse:
-    """`{"detail": detail}` with a status, counted by status."""
+    """`{"detail": detail}` with a status (OpenAI's shape on `OPENAI_PATHS`, with `where`: the
+    param and code), counted by status."""
     services = getattr(request.app.state, "services", None)
     if services is not None:
         services.metrics.errors.labels(str(status)).inc()
-    return JSONResponse({"detail": detail}, status_code=status, headers=headers)
+    body: dict[str, Any] = {"detail": detail}
+    if request.url.path in OPENAI_PATHS:
+        kind = "invalid_request_error" if status < 500 else "server_error"
+        kind = {401: "authentication_error", 429: "rate_limit_exceeded"}.get(status, kind)
+        message = detail if isinstance(detail, str) else str(detail)
+        body = {"error": {"message": message, "type": kind, "param": where[0], "code": where[1]}}
+    return JSONResponse(body, status_code=status, headers=headers)
 
 
 def _safe_error(error: dict[str, Any]) -> dict[str, Any]:

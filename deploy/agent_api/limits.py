@@ -54,3 +54,19 @@ class RateLimiter:
                     f"retry in {wait} s",
                     retry_after=wait,
                 )
+
+    async def spend(self, scope: str, name: str, amount: int, per_minute: int, what: str) -> None:
+        """Take `amount` of `name`'s budget of `what` for this minute (a refused amount is given
+        back); RateLimited when it does not fit."""
+        now = self.clock()
+        key = f"{RATE_PREFIX}:{scope}:{name}:{int(now // 60)}"
+        async with self.client.pipeline(transaction=False) as pipe:
+            spent, _ = await pipe.incrby(key, amount).expire(key, 120).execute()
+        if spent > per_minute:
+            await self.client.decrby(key, amount)
+            wait = max(1, 60 - int(now) % 60)
+            raise RateLimited(
+                f"{amount} {what} would take key {name!r} past its {per_minute} a minute "
+                f"({spent - amount} spent); retry in {wait} s, or ask for fewer",
+                retry_after=wait,
+            )

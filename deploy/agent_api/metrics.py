@@ -41,6 +41,19 @@ class ApiMetrics:
             registry=r,
         )
 
+        self.external_runs = Counter(
+            "arloop_external_runs",
+            "Runs of /v1/chat/completions calls by how they closed: ended, idle, cancelled.",
+            ["closed_by"],
+            registry=r,
+        )
+        self.text_only_runs = Counter(
+            "arloop_text_only_runs",
+            "Runs logged without token ids (an endpoint that gives none): not trainable.",
+            ["agent"],
+            registry=r,
+        )
+
     def feedback_counted(self, kind: str, outcome: str):
         """The feedback counter of (kind, outcome), looked up once (the ingest path's)."""
         child = self._feedback.get((kind, outcome))

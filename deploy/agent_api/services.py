@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import random
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import redis
 import redis.asyncio as aioredis
@@ -17,6 +18,9 @@ from deploy.agent_api.limits import RateLimiter
 from deploy.agent_api.metrics import ApiMetrics
 from deploy.agent_api.traffic import Tally
 from deploy.settings import AgentApiSettings
+
+if TYPE_CHECKING:
+    from deploy.agent_api.external_runs import ExternalRuns
 
 
 @dataclass
@@ -38,6 +42,8 @@ class Services:
     from the streams as the dashboard polls."""
     background: set[asyncio.Task] = field(default_factory=set)
     """Streamed runs in flight, held so a run whose client left still ends (and is logged)."""
+    runs: ExternalRuns | None = None
+    """The runs of other agents' `/v1/chat/completions` calls (`external_runs`)."""
 
 
 def open_services(
@@ -80,6 +86,18 @@ def open_services(
         scores_per_run=settings.feedback_scores_per_run,
         max_entries=settings.stream_max_entries,
     )
+    from deploy.agent_api.external_runs import ExternalRuns  # it imports deps, which imports us
+
+    runs = ExternalRuns(
+        client,
+        metrics=metrics,
+        scrub=scrub,
+        idle_s=settings.run_idle_s,
+        canary_share=settings.canary_share if settings.policy_config().versions_routed else 0.0,
+        lock_s=settings.thread_lock_s,
+        max_entries=settings.stream_max_entries,
+        rng=rng,
+    )
     reader = redis.Redis.from_url(redis_url, **settings.redis_options(redis_url), **timeouts)
     return Services(
         settings,
@@ -91,6 +109,7 @@ def open_services(
         reader,
         user_key=settings.pseudonym_key(),
         tally=Tally({key.tenant for key in settings.api_keys}),
+        runs=runs,
     )
 
 

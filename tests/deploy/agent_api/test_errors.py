@@ -16,6 +16,7 @@ from agents.feedback_tokens import TokenClaims, TokenError, issue, sign
 from agents.policy_client import PolicyError
 from agents.runtime import UnknownAgent
 from agents.threads import ThreadError
+from deploy.agent_api.chat_wire import OpenAIError
 from deploy.agent_api.errors import Unauthorized
 from deploy.agent_api.limits import RateLimited
 from deploy.embedded_redis import free_port, start_redis
@@ -241,6 +242,7 @@ ERRORS = [
     (PolicyError(504, "policy endpoint timed out after 5 s"), 504, {}),
     (Unauthorized("unknown API key"), 401, {"www-authenticate": "Bearer"}),
     (ArloopError(413, "input is over the limit", retry_after=None), 413, {}),
+    (OpenAIError(409, "run 'r1' is closed (ended)", param="X-Arloop-Run"), 409, {}),
 ]
 
 

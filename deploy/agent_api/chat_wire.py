@@ -1,0 +1,327 @@
+"""OpenAI's Chat Completions wire format on the agent API: the request it takes, and the pure
+OpenAI bodies and chunks it answers with (the token ids the policy server adds are kept for the
+trajectory, never sent on; logprobs only when the client asked for them).
+
+A request field the policy cannot honour (one OpenAI defines that arloop's policy server does
+not implement, or any unknown one) is a 400 naming it, never dropped; so are wrong types, NaN
+or Infinity, nesting deeper than `MAX_DEPTH` (the app's error handler answers these routes in
+OpenAI's shape). Bodies over ARLOOP_MAX_BODY_BYTES are a 413.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from agents.errors import ArloopError
+
+MAX_DEPTH = 32
+"""The deepest nesting a request's JSON may have (OpenAI tool schemas need about 10)."""
+MODEL = "arloop"
+"""The model name that routes like the agents' own calls; `arloop@<version>` pins one."""
+_PINNED = re.compile(r"^arloop@([A-Za-z0-9_.-]{1,64})$")
+
+
+class OpenAIError(ArloopError):
+    """An error with OpenAI's `param` (the request field at fault) and `code`."""
+
+    def __init__(
+        self, status: int, reason: str, *, param: str | None = None, code: str | None = None
+    ) -> None:
+        super().__init__(status, reason)
+        self.param, self.code = param, code
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorBody(BaseModel):
+    """Every error of the OpenAI routes, in OpenAI's shape."""
+
+    error: ErrorDetail
+
+
+class _Wire(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
+
+
+class TextPart(_Wire):
+    type: Literal["text"]
+    text: str
+
+
+class FunctionCall(_Wire):
+    name: str
+    arguments: str = "{}"
+
+
+class ToolCall(_Wire):
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class Message(_Wire):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nulls_of_echoed_messages(cls, data: Any) -> Any:
+        """An assistant message the SDK echoes back carries `refusal: null`, `audio: null`, ...:
+        those nulls say nothing; a field of the sort with a value is refused (extra)."""
+        if isinstance(data, dict):
+            return {k: v for k, v in data.items() if v is not None or k in cls.model_fields}
+        return data
+
+
+class FunctionSpec(_Wire):
+    name: str = Field(min_length=1, max_length=64)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(_Wire):
+    type: Literal["function"]
+    function: FunctionSpec
+
+
+class NamedToolChoice(_Wire):
+    type: Literal["function"]
+    function: dict[str, str]
+
+
+class StreamOptions(_Wire):
+    include_usage: bool = False
+
+
+class ChatCompletionRequest(_Wire):
+    """`POST /v1/chat/completions`: the OpenAI fields arloop's policy server implements,
+    passed through; any other field is a 400 naming it."""
+
+    model: str = Field(examples=["arloop", "arloop@v3"])
+    messages: list[Message] = Field(min_length=1)
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: dict[str, Any] | None = None
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    stop: str | list[str] | None = None
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    logit_bias: dict[str, float] | None = None
+    seed: int | None = Field(None, ge=-(2**63), le=2**63 - 1)
+    n: int | None = Field(None, ge=1, le=16)
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    user: str | None = Field(None, max_length=128)
+    """The end user (else `X-Arloop-User`, else the API key): bound by the key's identity."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _plain(cls, data: Any) -> Any:
+        check_plain(data)
+        return data
+
+    @field_validator("stop")
+    @classmethod
+    def _stops(cls, v: str | list[str] | None) -> str | list[str] | None:
+        stops = [v] if isinstance(v, str) else v or []
+        if len(stops) > 4 or any(not s for s in stops):
+            raise ValueError("stop takes up to 4 non-empty strings")
+        return v
+
+    @property
+    def pinned(self) -> str | None:
+        """The version `arloop@<version>` names (None for plain `arloop`); 404 for another model."""
+        if self.model == MODEL:
+            return None
+        match = _PINNED.match(self.model)
+        if match is None:
+            raise OpenAIError(
+                404,
+                f"the model {self.model[:80]!r} does not exist here: ask for 'arloop' (the "
+                "champion, or this run's canary arm) or 'arloop@<version>' (e.g. arloop@v3)",
+                param="model",
+                code="model_not_found",
+            )
+        return match.group(1)
+
+    def completion_tokens(self, default: int | None) -> int:
+        """The completion tokens this request may ask for (n choices of max_tokens)."""
+        most = self.max_completion_tokens or self.max_tokens or default or 512
+        return (self.n or 1) * most
+
+    def upstream(self) -> dict[str, Any]:
+        """The request as the policy is sent it: the fields the client set, less the end user
+        (a person's id is the agent API's to bind, never the model server's to log)."""
+        out = self.model_dump(exclude_unset=True, exclude={"model", "user"}, exclude_none=True)
+        out["messages"] = self.messages_sent()
+        return out
+
+    def messages_sent(self) -> list[dict[str, Any]]:
+        return [m.model_dump(exclude_none=True) for m in self.messages]
+
+    def tools_sent(self) -> list[dict[str, Any]]:
+        return [t.model_dump(exclude_none=True) for t in self.tools or []]
+
+
+def check_plain(value: Any, path: str = "", depth: int = 0) -> None:
+    """Refuse what no model server takes, wherever it is: nesting deeper than `MAX_DEPTH`,
+    NaN or Infinity, lone surrogates."""
+    if depth > MAX_DEPTH:
+        raise OpenAIError(
+            400, f"the request nests deeper than {MAX_DEPTH} levels at {path}", param=path
+        )
+    if isinstance(value, float) and not math.isfinite(value):
+        raise OpenAIError(400, f"{path} is {value}: send finite numbers", param=path)
+    if isinstance(value, str) and _SURROGATE.search(value):
+        raise OpenAIError(
+            400, f"{path} holds a lone UTF-16 surrogate, which is not text", param=path
+        )
+    if isinstance(value, dict):
+        children: Any = value.items()
+    elif isinstance(value, list):
+        children = enumerate(value)
+    else:
+        return
+    for key, item in children:
+        check_plain(item, f"{path}.{key}" if path else str(key), depth + 1)
+
+
+def error_param(loc: tuple[Any, ...]) -> str:
+    """`messages.0.role` from pydantic's location, without 'body' and union branch names."""
+    kept = [
+        str(p)
+        for p in loc
+        if p != "body" and (isinstance(p, int) or (str(p).isidentifier() and p not in _TYPE_NAMES))
+    ]
+    return ".".join(kept) or "body"
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_TYPE_NAMES = {"str", "int", "float", "bool", "list", "dict", "none", "function-after"}
+
+
+# -- answers ------------------------------------------------------------------------------
+
+
+def completion_body(response: Any, model: str, logprobs: bool) -> dict[str, Any]:
+    """litellm's `ModelResponse` as OpenAI's `chat.completion`, nothing arloop's added."""
+    choices = []
+    for choice in response.choices:
+        message = choice.message
+        out: dict[str, Any] = {"role": "assistant", "content": message.content}
+        calls = _calls(message.tool_calls)
+        if calls:
+            out["tool_calls"] = calls
+        choices.append(
+            {
+                "index": choice.index,
+                "message": out,
+                "finish_reason": choice.finish_reason,
+                "logprobs": _logprobs(getattr(choice, "logprobs", None)) if logprobs else None,
+            }
+        )
+    return {
+        "id": response.id,
+        "object": "chat.completion",
+        "created": response.created,
+        "model": model,
+        "system_fingerprint": getattr(response, "system_fingerprint", None),
+        "choices": choices,
+        "usage": _usage(getattr(response, "usage", None)),
+    }
+
+
+def chunk_body(chunk: Any, model: str, logprobs: bool) -> dict[str, Any]:
+    """One litellm stream chunk as OpenAI's `chat.completion.chunk`."""
+    choices = []
+    for choice in chunk.choices:
+        delta = choice.delta
+        out: dict[str, Any] = {}
+        if getattr(delta, "role", None):
+            out["role"] = delta.role
+        if getattr(delta, "content", None) is not None:
+            out["content"] = delta.content
+        calls = _calls(getattr(delta, "tool_calls", None), deltas=True)
+        if calls:
+            out["tool_calls"] = calls
+        entry = {"index": choice.index, "delta": out, "finish_reason": choice.finish_reason}
+        entry["logprobs"] = _logprobs(getattr(choice, "logprobs", None)) if logprobs else None
+        choices.append(entry)
+    body = {
+        "id": chunk.id,
+        "object": "chat.completion.chunk",
+        "created": chunk.created,
+        "model": model,
+        "system_fingerprint": getattr(chunk, "system_fingerprint", None),
+        "choices": choices,
+    }
+    usage = getattr(chunk, "usage", None)
+    if usage is not None:
+        body["usage"] = _usage(usage)
+    return body
+
+
+def _calls(calls: Any, deltas: bool = False) -> list[dict[str, Any]]:
+    out = []
+    for n, call in enumerate(calls or []):
+        function = call.function
+        entry = {
+            "id": call.id,
+            "type": "function",
+            "function": {"name": function.name, "arguments": function.arguments},
+        }
+        if deltas:
+            entry["index"] = getattr(call, "index", None) or n
+        out.append(entry)
+    return out
+
+
+def _logprobs(logprobs: Any) -> dict[str, Any] | None:
+    if logprobs is None:
+        return None
+    content = logprobs.get("content") if isinstance(logprobs, dict) else logprobs.content
+    entries = []
+    for t in content or []:
+        t = t if isinstance(t, dict) else t.model_dump()
+        tops = [
+            {"token": p["token"], "logprob": p["logprob"], "bytes": p.get("bytes")}
+            for p in (t.get("top_logprobs") or [])
+        ]
+        entries.append(
+            {
+                "token": t["token"],
+                "logprob": t["logprob"],
+                "bytes": t.get("bytes"),
+                "top_logprobs": tops,
+            }
+        )
+    return {"content": entries}
+
+
+def _usage(usage: Any) -> dict[str, int] | None:
+    if usage is None:
+        return None
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.total_tokens,
+    }
