@@ -12,11 +12,19 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    model_validator,
+)
 
 from agents.errors import ArloopError
+from deploy.credentials import USER
 
 MAX_DEPTH = 32
 """The deepest nesting a request's JSON may have (OpenAI tool schemas need about 10)."""
@@ -68,11 +76,7 @@ class ToolCall(_Wire):
     function: FunctionCall
 
 
-class Message(_Wire):
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
-    tool_calls: list[ToolCall] | None = None
-    tool_call_id: str | None = None
+class _Message(_Wire):
     name: str | None = None
 
     @model_validator(mode="before")
@@ -83,6 +87,50 @@ class Message(_Wire):
         if isinstance(data, dict):
             return {k: v for k, v in data.items() if v is not None or k in cls.model_fields}
         return data
+
+
+Content = str | list[TextPart]
+
+
+class SystemMessage(_Message):
+    role: Literal["system", "developer"]
+    content: Content
+
+
+class UserMessage(_Message):
+    role: Literal["user"]
+    content: Content
+
+
+class AssistantMessage(_Message):
+    role: Literal["assistant"]
+    content: Content | None = None
+    tool_calls: list[ToolCall] | None = None
+
+
+class ToolMessage(_Message):
+    role: Literal["tool"]
+    content: Content
+    tool_call_id: str
+
+
+Message = Annotated[
+    SystemMessage | UserMessage | AssistantMessage | ToolMessage, Field(discriminator="role")
+]
+
+
+def _integral(value: Any) -> Any:
+    """JSON's 7.0 is the integer 7 (as JSON Schema reads it); 7.5 and "7" stay refused."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+_Integral = BeforeValidator(_integral)
+Tokens = Annotated[int, Field(ge=1), _Integral]
+Seed = Annotated[int, Field(ge=-(2**53), le=2**53), _Integral]
+Choices = Annotated[int, Field(ge=1, le=16), _Integral]
+TopLogprobs = Annotated[int, Field(ge=0, le=20), _Integral]
 
 
 class FunctionSpec(_Wire):
@@ -106,6 +154,11 @@ class StreamOptions(_Wire):
     include_usage: bool = False
 
 
+Stop = Annotated[str, StringConstraints(min_length=1)]
+TokenId = Annotated[str, StringConstraints(pattern=r"^[0-9]{1,9}$")]
+Bias = Annotated[float, Field(ge=-100.0, le=100.0)]
+
+
 class ChatCompletionRequest(_Wire):
     """`POST /v1/chat/completions`: the OpenAI fields arloop's policy server implements,
     passed through; any other field is a 400 naming it."""
@@ -118,19 +171,20 @@ class ChatCompletionRequest(_Wire):
     response_format: dict[str, Any] | None = None
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
-    max_tokens: int | None = Field(None, ge=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
-    stop: str | list[str] | None = None
+    max_tokens: Tokens | None = None
+    max_completion_tokens: Tokens | None = None
+    stop: Stop | Annotated[list[Stop], Field(max_length=4)] | None = None
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
-    logit_bias: dict[str, float] | None = None
-    seed: int | None = Field(None, ge=-(2**63), le=2**63 - 1)
-    n: int | None = Field(None, ge=1, le=16)
+    logit_bias: Annotated[dict[TokenId, Bias], Field(max_length=300)] | None = None
+    seed: Seed | None = None
+    """Within +-2**53, which every JSON reader keeps exact (the schema's int64 bounds were not)."""
+    n: Choices | None = None
     logprobs: bool | None = None
-    top_logprobs: int | None = Field(None, ge=0, le=20)
+    top_logprobs: TopLogprobs | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
-    user: str | None = Field(None, max_length=128)
+    user: str | None = Field(None, pattern=USER)
     """The end user (else `X-Arloop-User`, else the API key): bound by the key's identity."""
 
     @model_validator(mode="before")
@@ -138,14 +192,6 @@ class ChatCompletionRequest(_Wire):
     def _plain(cls, data: Any) -> Any:
         check_plain(data)
         return data
-
-    @field_validator("stop")
-    @classmethod
-    def _stops(cls, v: str | list[str] | None) -> str | list[str] | None:
-        stops = [v] if isinstance(v, str) else v or []
-        if len(stops) > 4 or any(not s for s in stops):
-            raise ValueError("stop takes up to 4 non-empty strings")
-        return v
 
     @property
     def pinned(self) -> str | None:

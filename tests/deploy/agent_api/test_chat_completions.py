@@ -4,13 +4,22 @@ learner's schema, feedback by the returned token, and a clear 4xx for every bad 
 
 from __future__ import annotations
 
+import runpy
 import time
+from pathlib import Path
 
 import httpx
 import openai
 import pytest
 
-from agents.events import POLICY_ALIASES, STREAM_TRAJECTORIES, RunStatus, TrajectoryEvent, decode
+from agents.events import (
+    POLICY_ALIASES,
+    STREAM_FEEDBACK,
+    STREAM_TRAJECTORIES,
+    RunStatus,
+    TrajectoryEvent,
+    decode,
+)
 from deploy.credentials import plain_key
 from tests.deploy.policy_server.support import running_server, tiny_settings
 from tests.fakes.api import API_KEY
@@ -404,3 +413,25 @@ def test_a_run_on_the_tiny_policy_server_keeps_its_real_tokens(start_api, redis_
     assert all(s.prompt_token_ids and s.completion_token_ids for s in steps)
     assert all(len(s.logprobs) == len(s.completion_token_ids) for s in steps)
     assert len(steps[2].prompt_token_ids) > len(steps[0].prompt_token_ids)
+
+
+def test_the_docs_example_runs_ends_and_rates_a_run(start_api, llm, redis_client, monkeypatch):
+    llm.push(Reply(content="391"))
+    api = start_api()
+    monkeypatch.setenv("ARLOOP_URL", api.server.url)
+    monkeypatch.setenv("ARLOOP_KEY", API_KEY)
+    runpy.run_path(str(Path(__file__).with_name("openai_sdk_run.py")))
+    [event] = trajectories(redis_client)
+    assert (event.agent, event.output, len(event.model_steps)) == ("my-bot", "391", 1)
+    [rating] = [decode(f) for _, f in redis_client.xrange(STREAM_FEEDBACK)]
+    assert rating.trajectory_id == event.trajectory_id and rating.value == 1
+
+
+def test_the_policys_own_refusal_is_a_400_and_the_run_goes_on(start_api, llm):
+    llm.push(Reply(status=400), Reply(content="fine"))
+    client = sdk(start_api(), run="refused")
+    with pytest.raises(openai.BadRequestError) as refused:
+        ask(client)
+    assert "the policy refused" in refused.value.message
+    headers, answer = ask(client)
+    assert answer.choices[0].message.content == "fine"
