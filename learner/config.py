@@ -100,6 +100,10 @@ class RoundConfig(BaseModel):
     """Runs per labelled prompt in each sub-round (the group its advantages are relative to)."""
     max_resample_prompts: int = Field(16, ge=1)
     """Labelled prompts resampled per sub-round at most (the most confident first)."""
+    restated_nll: float = Field(1.0, ge=0.0)
+    """Weight of the cross-entropy on the tokens a restated pair changed (the label the pack
+    wrote into the model's own reply, `learner.samples.restated_pairs`), beside its DPO loss
+    (the NLL term of RPO, Pang et al. 2024, on the decision alone); 0: DPO alone."""
     label_noise: float = Field(0.05, gt=0.0, lt=0.5)
     """Share of users' judgements assumed flipped: how much one thumbs-up says (0.05: 95 %)."""
     label_threshold: float = Field(0.9, gt=0.5, lt=1.0)

@@ -9,9 +9,11 @@ each in log-odds under the feedback noise (`noise`: the share of judgements that
 - a correction votes for the answer its text states (`reference_from`), as strongly as a
   thumbs-up (a correction with no readable answer is no vote);
 - a run answered by a pack's safe fallback states no answer of its own (its level is a
-  default, not a judgement): judgements of it cast no vote. A red-flag escalation does state
-  one (the rules' `emergency`), so judgements of it vote as usual: that is how the loop comes
-  to teach the model itself to escalate.
+  default, not a judgement): a user's opinion of it (thumbs, rating) casts no vote. An outcome
+  or a verifier's result does: it says whether what was returned was right, whoever wrote it
+  (the disposition a clinician later assigned confirms the fallback's `see a doctor` as well
+  as the model's). A red-flag escalation states an answer (the rules' `emergency`), so every
+  judgement of it votes: that is how the loop comes to teach the model itself to escalate.
 Only each sender's latest word per kind and turn counts (as for rewards). The runs of one
 prompt (the agent and its normalised input text, not only identical tokens) vote together.
 A user's votes are scaled by the same cap as rewards (`learner.rewards.sender_scales` over the
@@ -63,6 +65,13 @@ class Grounding:
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
     """The agent's stop sequences and penalties, so replays sample as the agent is served."""
+    restate: Callable[[str, str], str | None] | None = None
+    """A reply rewritten to state another answer, all else kept (the pack's `restate`)."""
+
+
+RESULTS = (FeedbackKind.OUTCOME, FeedbackKind.VERIFIER)
+"""Judgements of whether the returned answer was right, not of how it read: they vote on a
+fallback's answer too."""
 
 
 @dataclass(frozen=True)
@@ -108,7 +117,8 @@ def episode_votes(episode: Episode, readers: Grounding, noise: float) -> list[Vo
     key = prompt_key(episode.trajectory)
     strength = math.log((1.0 - noise) / noise)
     t = episode.trajectory
-    served = None if t.answered_by is AnswerPath.FALLBACK else readers.answer_of(t.output)
+    stated = readers.answer_of(t.output)
+    opinion = None if t.answered_by is AnswerPath.FALLBACK else stated
     votes = []
     for f in _latest(episode.feedback):
         capped = f.source == "user"
@@ -120,6 +130,7 @@ def episode_votes(episode: Episode, readers: Grounding, noise: float) -> list[Vo
                 )
             continue
         score = f.reward
+        served = stated if f.kind in RESULTS else opinion
         if served is not None and score:
             votes.append(
                 Vote(key, served, score * strength, f.user_id, capped, f.kind.value, f.credential)

@@ -20,7 +20,7 @@ from learner.config import RoundConfig, TrainConfig
 from learner.crashpoints import crash_point
 from learner.episodes import SILENT, Episode, settle, silent_episodes, trainable_episodes
 from learner.judge import fit_judge, write_source_scores
-from learner.labels import Grounding, find_labels
+from learner.labels import Grounding, Label, find_labels
 from learner.policy.models import (
     CheckpointError,
     ModelNotFound,
@@ -44,6 +44,7 @@ from learner.samples import (
     build_training_data,
     judged_only,
     reads_tool_output,
+    restated_pairs,
 )
 from learner.store import Store, even_chunks
 from learner.subrounds import Replays, Sampling, plan_replays, run_subrounds
@@ -134,7 +135,7 @@ def run_round(
     episodes += [e for e in silent if e.trajectory.event_id in scored]
     episodes = sorted(episodes, key=content_key)  # the same batches whatever the arrival order
     episodes, gap = _relog(episodes, registry, plan, pad)
-    replays = _replays(episodes, tokenizer, plan)
+    labels, replays = _replays(episodes, tokenizer, plan)
     rest = [n for n in range(len(episodes)) if n not in replays.episodes]
     rest_episodes = [episodes[n] for n in rest]
     data = _training_data(store, rest_episodes, tokenizer, config, plan.grounding, scored)
@@ -174,7 +175,16 @@ def run_round(
         judge=judge.verdicts(trainer) if judge and judge.report else None,
         say=say,
     )
-    pairs = data.pairs + sub.pairs
+    restated = restated_pairs(
+        episodes,
+        labels,
+        plan.grounding,
+        decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
+        encode=lambda text: tokenizer(text, add_special_tokens=False)["input_ids"],
+        eos_id=tokenizer.eos_token_id,
+        nll_weight=config.restated_nll,
+    )
+    pairs = data.pairs + sub.pairs + restated
     dpo = [trainer.dpo_step(c) for c in _epochs(pairs, config, stop, say, "DPO")]
     if not pg and not kto and not sub.updates and not dpo:  # every group tied: nothing to learn
         store.settle([i for e in episodes for i in e.event_ids], UNTRAINABLE)
@@ -186,6 +196,7 @@ def run_round(
         "reward_sources/feedback": len(data.samples),
         "reward_sources/kto_judged": len(data.judged),
         "reward_sources/correction_pairs": len(data.pairs),
+        "reward_sources/restated_pairs": len(restated),
     }
     metrics = round_metrics(pg + sub.updates, dpo, kto, counts, sub.metrics, gap.metrics())
     metrics[f"untrainable/{NO_TOKEN_IDS}"] = float(blind + blind_silent)
@@ -308,11 +319,14 @@ def _optimizer_state(parent: PolicyVersion) -> Path | None:
     return checkpoint_path(parent.checkpoint_uri) / "optimizer.pt"
 
 
-def _replays(episodes: Sequence[Episode], tokenizer: Any, plan: RoundPlan) -> Replays:
-    """The labelled prompts this round replays (none without groundings or sub-rounds)."""
+def _replays(
+    episodes: Sequence[Episode], tokenizer: Any, plan: RoundPlan
+) -> tuple[dict[str, Label], Replays]:
+    """The round's labels and the labelled prompts it replays (none without groundings or
+    sub-rounds)."""
     config = plan.round
     if not plan.grounding or config.subrounds == 0:
-        return Replays([], [], 0, math.nan)
+        return {}, Replays([], [], 0, math.nan)
     labels = find_labels(
         episodes,
         plan.grounding,
@@ -320,7 +334,7 @@ def _replays(episodes: Sequence[Episode], tokenizer: Any, plan: RoundPlan) -> Re
         threshold=config.label_threshold,
         max_user_share=config.max_user_reward_share,
     )
-    return plan_replays(episodes, labels, plan.grounding, config, tokenizer)
+    return labels, plan_replays(episodes, labels, plan.grounding, config, tokenizer)
 
 
 def _training_data(

@@ -12,13 +12,20 @@ compare it with other prompts, whose difficulty swamps the judgement. A run whos
 pack's envelope or fallback wrote (`TrajectoryEvent.answered_by`) gives neither samples nor
 pairs: its feedback judges text the model did not write (counted as `replaced_answers`; its
 prompt can still be labelled and replayed, `learner.labels`).
+
+Where a pack can restate a reply with another answer (`Grounding.restate`), a labelled
+prompt's runs whose model stated another answer, whoever answered the user, each give a pair
+that differs in the decision alone (`restated_pairs`): the model's own last reply restated
+with the label is preferred to it as written. The clinician's disposition then trains the
+level token in the model's own context, not a text nobody sampled.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Sequence
+import os
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -32,6 +39,7 @@ from learner.advantages import (
 )
 from learner.config import Baseline
 from learner.episodes import Episode
+from learner.labels import Grounding, Label
 from learner.policy.registry import version_number
 from learner.rewards import EpisodeReward
 
@@ -63,6 +71,9 @@ class PreferencePair:
     prompt_ids: list[int]
     chosen_ids: list[int]
     rejected_ids: list[int]
+    nll_weight: float = 0.0
+    """Weight of a cross-entropy on `chosen_ids[nll_from:]` beside the DPO loss (0: none)."""
+    nll_from: int = 0
 
 
 @dataclass
@@ -173,6 +184,65 @@ def preference_pair(
     if chosen == step.completion_token_ids:
         return None  # the user "corrected" it to what it already said
     return PreferencePair(list(step.prompt_token_ids), chosen, list(step.completion_token_ids))
+
+
+def restated_pairs(
+    episodes: Sequence[Episode],
+    labels: Mapping[str, Label],
+    grounding: Mapping[str, Grounding],
+    decode: Callable[[list[int]], str],
+    encode: Callable[[str], list[int]],
+    eos_id: int,
+    nll_weight: float = 0.0,
+) -> list[PreferencePair]:
+    """For each labelled prompt's run whose model's last reply states another answer than the
+    label (or none): that reply restated with the label, preferred to it as written. The
+    chosen side keeps the logged tokens up to the first changed character; `nll_weight`
+    weighs a cross-entropy on the tokens after it (the label)."""
+    pairs = []
+    for label in sorted(labels.values(), key=lambda lb: lb.prompt):
+        for i in label.episodes:
+            trajectory = episodes[i].trajectory
+            g = grounding.get(trajectory.agent)
+            step = answer_step(trajectory)
+            if g is None or g.restate is None or step is None:
+                continue
+            ids = list(step.completion_token_ids or [])
+            trail = ids[-1:] if ids and ids[-1] == eos_id else []
+            body = ids[: len(ids) - len(trail)]
+            text = decode(body)
+            restated = g.restate(text, label.answer)
+            if g.answer_of(text) == label.answer or restated is None or restated == text:
+                continue
+            kept, chosen = _restated_ids(body, text, restated, decode, encode)
+            prompt = list(step.prompt_token_ids or [])
+            pairs.append(PreferencePair(prompt, chosen + trail, ids, nll_weight, kept))
+    return pairs
+
+
+def answer_step(trajectory: TrajectoryEvent) -> ModelStep | None:
+    """The run's last model step, if it answered (no tool call) and logged its tokens."""
+    steps = trajectory.model_steps
+    if not steps or steps[-1].tool_calls or not _has_ids(steps[-1]):
+        return None
+    return steps[-1]
+
+
+def _restated_ids(
+    ids: list[int],
+    text: str,
+    restated: str,
+    decode: Callable[[list[int]], str],
+    encode: Callable[[str], list[int]],
+) -> tuple[int, list[int]]:
+    """(k, `restated` as tokens): the logged `ids[:k]` of the longest unchanged head, the rest
+    encoded."""
+    same = os.path.commonprefix([text, restated])
+    k = len(ids)
+    while k and not same.startswith(decode(ids[:k])):
+        k -= 1
+    head = decode(ids[:k])
+    return k, ids[:k] + encode(restated[len(head) :])
 
 
 def build_training_data(

@@ -156,6 +156,7 @@ class PolicyTrainer:
             "rewards/rejected": s["rejected"] / n,
             "rewards/margins": s["margin"] / n,
             "rewards/accuracies": s["accuracy"] / n,
+            "nll": s["nll"] / n,
             "grad_norm": grad_norm,
             "lr": self._lr(),
         }
@@ -258,7 +259,10 @@ class PolicyTrainer:
             logp, _ = selected_logprobs(self._model, batch)  # (N,)
         policy = self._sequence_sums(batch, logp)  # (2k,)
         out = dpo_loss(policy[:k], policy[k:], ref[:k], ref[k:], beta=self.config.dpo_beta)
-        self.accelerator.backward(out.loss * (k / count))  # the pairs' mean over the whole step
+        nll = _chosen_nll(chunk, batch, logp)  # (k,) 0 where a pair weighs none
+        loss = out.loss + nll.mean()
+        self.accelerator.backward(loss * (k / count))  # the pairs' mean over the whole step
+        sums["nll"] += float(nll.detach().sum())
         sums["pairs"] += k
         sums["loss"] += float(out.loss.detach()) * k
         sums["chosen"] += float(out.chosen_reward.sum())
@@ -380,6 +384,23 @@ class PolicyTrainer:
 
     def _lr(self) -> float:
         return float(self._optimizer.param_groups[0]["lr"])
+
+
+def _chosen_nll(chunk: list[PreferencePair], batch: TokenBatch, logp: torch.Tensor) -> torch.Tensor:
+    """(k,) each pair's `nll_weight` times the mean negative log-prob of its chosen tokens from
+    `nll_from` on; `logp` (N,) holds the batch's completion tokens row by row, chosen first."""
+    counts = batch.completion_mask.sum(1).long().tolist()  # (2k,)
+    starts = [0]
+    for n in counts[:-1]:
+        starts.append(starts[-1] + n)
+    out = []
+    for pair, start, n in zip(chunk, starts, counts, strict=False):
+        lo = min(pair.nll_from, n)
+        if pair.nll_weight == 0.0 or lo >= n:
+            out.append(logp.new_zeros(()))
+            continue
+        out.append(-pair.nll_weight * logp[start + lo : start + n].mean())
+    return torch.stack(out)
 
 
 def _check_fits(optimizer: torch.optim.Optimizer, state: dict) -> None:

@@ -107,6 +107,24 @@ def triage_level(text: str) -> str | None:
     return "self-care" if level == "selfcare" else level
 
 
+def with_level(text: str, level: str) -> str | None:
+    """The reply as it would read had it chosen `level`: its last `Triage:` line's level
+    replaced, or the line added; None for what is not a level (`ask`) or a reply that asks.
+
+    What the learner trains towards when a clinician says which level was right: the model's
+    own words, the decision changed and nothing else (`Pack.restate`)."""
+    if level not in LEVELS or is_question(text):
+        return None
+    found = list(_TRIAGE_LINE.finditer(text or ""))  # `Triage: 10` too: the line, misfilled
+    if not found:
+        return f"{(text or '').rstrip()}\nTriage: {level}".lstrip()
+    last = found[-1]
+    return f"{text[: last.start()]}Triage: {level}{text[last.end() :]}"
+
+
+_TRIAGE_LINE = re.compile(r"triage(?:\s+level)?\s*[:\-][^\n]*", re.IGNORECASE)
+
+
 _SAID_LEVEL = re.compile(r"self[\s-]?care|see\s+a\s+doctor|urgent|emergency", re.IGNORECASE)
 
 

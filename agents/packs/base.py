@@ -75,6 +75,12 @@ class Pack:
     reference_from: Callable[[str], str | None] | None = None
     """The answer a user's correction states (`it's 30`, `this was urgent`), normalised as
     `answer_of`'s; None: the correction's text is read with `answer_of`."""
+    restate: Callable[[str, str], str | None] | None = None
+    """A reply rewritten to state another answer, all else kept (`tools.verifiers.with_level`:
+    the triage line's level changed); None where that cannot be done. With it, a labelled
+    prompt's runs that stated another answer become preference pairs that differ in the
+    decision alone (`learner.samples.restated_pairs`). None: the pack's labels train through
+    the verified sub-rounds only."""
     score_reward: ScoreReward = default_score_reward
     """How a named score (`{"key": "helpfulness", "score": 4}` on `POST /v1/feedback`) becomes
     a reward in [-1, 1] (None: not learned from); read when the feedback arrives."""

@@ -49,6 +49,7 @@ from tools.verifiers import (
     mentioned_level,
     triage_level,
     verify_triage,
+    with_level,
 )
 
 KB_DIR = Path(__file__).parent / "kb" / "medical"
@@ -201,4 +202,5 @@ def pack() -> Pack:
         verify,
         answer_of=triage_level,
         reference_from=mentioned_level,
+        restate=with_level,
     )

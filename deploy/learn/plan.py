@@ -64,5 +64,6 @@ def groundings(packs: list[Pack], tool_format: ToolFormat) -> dict[str, Groundin
                 include_stop=g.include_stop,
                 frequency_penalty=g.frequency_penalty or 0.0,
                 presence_penalty=g.presence_penalty or 0.0,
+                restate=pack.restate,
             )
     return out

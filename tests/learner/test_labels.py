@@ -156,8 +156,10 @@ def test_the_noise_must_be_a_share_below_one_half():
         find_labels([], TUTOR, noise=0.5)
 
 
-def test_a_fallback_answer_casts_no_vote_and_an_envelope_votes_its_level():
-    """The fallback's level is a default, not an answer; the red-flag rules' emergency is."""
+def test_a_fallback_answer_gets_no_opinion_vote_but_its_outcome_votes_and_an_envelope_votes():
+    """The fallback's level is a default, not an answer: a thumbs on it says little. An
+    outcome (the disposition a clinician assigned) says whether the level returned was right,
+    whoever wrote it; the red-flag rules' emergency is an answer."""
     triage = {"triage": Grounding(triage_level, mentioned_level)}
 
     def run(path, output, *said):
@@ -171,6 +173,14 @@ def test_a_fallback_answer_casts_no_vote_and_an_envelope_votes_its_level():
     corrected = run(AnswerPath.FALLBACK, "Triage: urgent", correction("it was an emergency"))
     [vote] = episode_votes(corrected, triage["triage"], 0.05)
     assert vote.answer == "emergency"  # a user's correction is the user's word either way
+    confirmed = run(
+        AnswerPath.FALLBACK, "Call if worse.\nTriage: urgent", ("outcome", 1.0, "c", None)
+    )
+    [vote] = episode_votes(confirmed, triage["triage"], 0.05)
+    assert (vote.answer, vote.weight) == ("urgent", pytest.approx(math.log(19)))
+    wrong = run(AnswerPath.FALLBACK, "Triage: urgent", ("outcome", 0.0, "c", None))
+    [vote] = episode_votes(wrong, triage["triage"], 0.05)
+    assert (vote.answer, vote.weight) == ("urgent", pytest.approx(-math.log(19)))
     envelope = run(AnswerPath.ENVELOPE, "Call 999 now.\nTriage: emergency", up())
     [vote] = episode_votes(envelope, triage["triage"], 0.05)
     assert vote.answer == "emergency"

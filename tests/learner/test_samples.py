@@ -3,11 +3,13 @@ import pytest
 from agents.events import AnswerPath
 from learner.advantages import RunningBaseline
 from learner.episodes import Episode
+from learner.labels import Grounding, Label
 from learner.rewards import batch_rewards
 from learner.samples import (
     build_training_data,
     group_key,
     judged_only,
+    restated_pairs,
     sample_advantages,
 )
 from tests.learner.learner_events import (
@@ -17,6 +19,7 @@ from tests.learner.learner_events import (
     tokenizer,
     trajectory,
 )
+from tools.verifiers import mentioned_level, triage_level, with_level
 
 
 def _build(episodes, **kw):
@@ -221,3 +224,57 @@ def test_a_run_answered_by_an_envelope_or_fallback_trains_nothing_from_its_feedb
     assert data.replaced_answers == 2
     kept = _build([_ep(own, feedback(own.event_id, "thumbs", 1))])
     assert len(kept.samples) == 1 and kept.replaced_answers == 0
+
+
+def _triage_run(answer: str, prompt: str = "my chest feels tight"):
+    t = trajectory(prompt, answer).model_copy(
+        update={"agent": "triage", "answered_by": AnswerPath.FALLBACK}
+    )
+    return Episode(t, ())
+
+
+def _restated(episodes, answer="urgent", grounding=None):
+    tok = tokenizer()
+    grounding = grounding or {
+        "triage": Grounding(triage_level, mentioned_level, restate=with_level)
+    }
+    label = Label("p", answer, 0.95, tuple(range(len(episodes))), ("c",))
+    return restated_pairs(
+        episodes,
+        {"p": label},
+        grounding,
+        decode=lambda ids: tok.decode(ids, skip_special_tokens=True),
+        encode=lambda text: tok(text, add_special_tokens=False)["input_ids"],
+        eos_id=tok.eos_token_id,
+    )
+
+
+def test_a_labelled_run_that_stated_another_level_gives_a_pair_differing_in_the_level_alone():
+    """The fallback answered the user, but the model's own reply said self-care: its own words
+    with the clinician's level win over them as written, token for token up to the level."""
+    tok = tokenizer()
+    wrong = _triage_run("Rest at home and drink water.\nTriage: self-care")
+    right = _triage_run("Get help today.\nTriage: urgent")
+    [pair] = _restated([wrong, right])
+    step = wrong.trajectory.model_steps[-1]
+    assert pair.prompt_ids == step.prompt_token_ids
+    assert pair.rejected_ids == step.completion_token_ids
+    chosen = tok.decode(pair.chosen_ids, skip_special_tokens=True)
+    assert chosen == "Rest at home and drink water.\nTriage: urgent"
+    assert pair.chosen_ids[-1] == tok.eos_token_id  # it ends as the logged reply ended
+    assert (
+        tok.decode(pair.chosen_ids[pair.nll_from :], skip_special_tokens=True).strip() == "urgent"
+    )
+    head = tok("Rest at home and drink water.\nTriage:", add_special_tokens=False)["input_ids"]
+    assert pair.chosen_ids[: len(head)] == step.completion_token_ids[: len(head)]
+
+
+def test_a_reply_with_no_level_gets_the_level_line_and_a_question_or_no_restate_gets_none():
+    tok = tokenizer()
+    [pair] = _restated([_triage_run("Rest at home and drink water.")], answer="see a doctor")
+    text = tok.decode(pair.chosen_ids, skip_special_tokens=True)
+    assert text == "Rest at home and drink water.\nTriage: see a doctor"
+    assert _restated([_triage_run("How old is the baby?")]) == []  # it asked: not a level
+    assert _restated([_triage_run("Triage: self-care")], answer="ask") == []
+    plain = {"triage": Grounding(triage_level, mentioned_level)}  # the pack cannot restate
+    assert _restated([_triage_run("Triage: self-care")], grounding=plain) == []

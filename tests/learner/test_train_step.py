@@ -399,3 +399,27 @@ def test_a_kto_step_refuses_what_it_cannot_use(tiny):
         trainer.kto_step([one])
     with pytest.raises(ValueError, match="weight"):
         trainer.kto_step([one, dataclasses.replace(one, weight=math.nan)])
+
+
+def test_a_restated_pairs_nll_raises_the_changed_tokens_beyond_what_dpo_alone_does(tiny):
+    """The cross-entropy on the tokens a restated pair changed (the label) pulls them up in
+    the model's own context; with weight 0 the step is DPO alone and reports no NLL."""
+    _, tok = tiny
+    pad = tok.pad_token_id
+    prompt = _ids(tok, "my chest feels tight")
+    head = _ids(tok, "Rest at home. Triage:")
+    chosen, rejected = head + _ids(tok, " urgent"), head + _ids(tok, " self-care")
+
+    def tail_logp(weight: float) -> tuple[float, dict[str, float]]:
+        model, _ = build_tiny_model(seed=0)
+        trainer = PolicyTrainer(model, pad, TrainConfig(learning_rate=5e-3))
+        pair = PreferencePair(prompt, chosen, rejected, nll_weight=weight, nll_from=len(head))
+        for _ in range(3):
+            metrics = trainer.dpo_step([pair] * 2)
+        lp = completion_logprobs(trainer.model, prompt, chosen, pad)
+        return lp[len(head) :].sum().item(), metrics
+
+    dpo_only, plain = tail_logp(0.0)
+    with_nll, mixed = tail_logp(1.0)
+    assert plain["nll"] == 0.0 and mixed["nll"] > 0.0
+    assert with_nll > dpo_only + 0.1, (with_nll, dpo_only)
