@@ -172,8 +172,12 @@ def corrected_step(episode: Episode) -> tuple[str, ModelStep] | None:
 
 
 def reads_tool_output(trajectory: TrajectoryEvent, step: ModelStep) -> bool:
-    """Whether a tool's output was in the step's prompt (a tool step came before it)."""
-    return any(t.index < step.index for t in trajectory.tool_steps)
+    """Whether a tool's output was in the step's prompt: a tool step came before it, or (a
+    team's agent that runs its own tools, `/v1/chat/completions`) its messages hold a `tool`
+    turn."""
+    return any(t.index < step.index for t in trajectory.tool_steps) or any(
+        m.get("role") == "tool" for m in step.messages
+    )
 
 
 def preference_pair(

@@ -6,13 +6,18 @@ split the release gate draws from) with a verifier that scores an answer, and th
 that let the learner turn feedback into verified labels. Only `name` and `agents` are needed:
 a pack without tasks is served and learned from by its feedback alone, and has no eval suite.
 
+A team's own agent (plain LangGraph, the OpenAI SDK, any framework), which calls the agent
+API's `/v1/chat/completions` itself, is described by a pack with no agents and a `run`: its
+name is the agent's (`X-Arloop-Agent`), and the gate judges a version by calling `run` with
+the version's model name (`docs/any_agent.md`).
+
 A pack is named by a `module:attr` string (a `Pack`, or a function returning one) or registered
 under the `arloop.packs` entry-point group of the package that ships it (see `agents.packs`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -44,6 +49,12 @@ class Task:
     meta: dict[str, str] = field(default_factory=dict)
 
 
+TeamRun = Callable[[Task, str, str, dict[str, str]], str | Awaitable[str]]
+"""A team's own agent, run on one task: `run(task, base_url, model, headers) -> answer`. It
+calls an OpenAI-compatible `base_url` with `model` (`arloop@v3`: the version being judged) and
+sends `headers` on every call; plain or `async`."""
+
+
 def no_tasks(split: Split) -> list[Task]:
     """A pack without tasks: no simulated users, no eval suite."""
     return []
@@ -59,9 +70,11 @@ class Pack:
     """A deployable domain: its agents, its task sets and its answer verifier."""
 
     name: str
-    """The pack's name (`arloop packs list`, the gate's reports)."""
-    agents: tuple[AgentSpec, ...]
-    """The agents it serves, each with its prompt, tools, loop, guard and (optional) model."""
+    """The pack's name (`arloop packs list`, the gate's reports); with `run`, the name of the
+    team's agent too (its `X-Arloop-Agent`, its tasks' `Task.agent`)."""
+    agents: tuple[AgentSpec, ...] = ()
+    """The agents it serves, each with its prompt, tools, loop, guard and (optional) model;
+    none for a team's own agent (`run`)."""
     tasks: Callable[[Split], list[Task]] = no_tasks
     """`tasks("train")` for simulated users, `tasks("eval")` the held-out pool (disjoint from
     training; the eval gate draws from it, stratified by `Task.meta["kind"]`)."""
@@ -88,6 +101,11 @@ class Pack:
     """Score an agent's first model call alone in [0, 1] (the tutor: does its calculator call
     compute the answer): the cheap form of an eval run that the gate's sampled test uses,
     checked against full runs in every gate report. None: the gate runs whole episodes."""
+
+    run: TeamRun | None = None
+    """A team's own agent, which arloop does not run but calls: the gate runs each held-out
+    task through it, pointed at the version it judges, champion and candidate alike (same
+    seeds, same sequential test; `deploy.learn.eval_endpoint`). None: the pack's `agents`."""
 
     def has_eval_suite(self) -> bool:
         """Whether the release gate can judge versions on this pack: held-out tasks and a

@@ -177,16 +177,25 @@ def _call(factory: Callable[..., Any], ref: str, target: str, options: Mapping[s
 
 
 def _check(value: Any, ref: str, target: str) -> None:
-    """A Pack with at least one agent, every agent an AgentSpec."""
+    """A Pack with at least one agent, every agent an AgentSpec; or a team's agent: no
+    agents, a callable `run`."""
     if not isinstance(value, Pack):
         raise PackNotFound(
             f"agent pack {ref!r}: {target} is a {type(value).__name__}, not an "
             "agents.packs.Pack (nor a function returning one)"
         )
+    if value.run is not None:
+        if value.agents or not callable(value.run):
+            what = "agents beside its run" if value.agents else "a run that is not callable"
+            raise PackNotFound(
+                f"agent pack {ref!r}: {target} has {what}; a team's own agent is a Pack with "
+                "no agents and run(task, base_url, model, headers) -> answer"
+            )
+        return
     bad = [a for a in value.agents if not isinstance(a, AgentSpec)]
     if not value.agents or bad:
         what = f"a {type(bad[0]).__name__} among its agents" if bad else "no agents"
         raise PackNotFound(
             f"agent pack {ref!r}: {target} has {what}; Pack.agents is a tuple of "
-            "agents.runtime.AgentSpec"
+            "agents.runtime.AgentSpec (or, for a team's own agent, give it `run`)"
         )

@@ -1,6 +1,10 @@
 """The gate as `arloop learn` and `arloop eval` build it: the packs' held-out tasks as plain
 `GateTask`s, and the runner that runs each through the agent graph.
 
+A team's own agent (a pack with `run`, no `AgentSpec`) runs in the team's code instead,
+pointed at the gate's recording endpoint (`deploy/learn/eval_endpoint.py`) with the version's
+name: its calls are the run's steps, its return value the answer the pack's verifier scores.
+
 The gate itself (`learner/gate/runner.py`) knows no agent; its eval runs
 (`learner/gate/eval_runs.py`) batch, couple and cache, and call `AgentRuns` for each run
 that is not cached. Each run asks the policy server for the version by name (`arloop@v3`) with
@@ -11,23 +15,28 @@ fails closed.
 
 from __future__ import annotations
 
+import asyncio
+import inspect
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import redis.asyncio as aioredis
 
-from agents.events import STREAM_EVAL_TRAJECTORIES, ModelStep, TrajectoryEvent, new_id
+from agents.events import STREAM_EVAL_TRAJECTORIES, ModelStep, RunStatus, TrajectoryEvent, new_id
 from agents.packs import PackNotFound, get_pack
 from agents.packs.base import Pack, Task
 from agents.policy_client import PolicyClient, PolicyConfig, PolicyError
 from agents.runtime import AgentRuntime
 from agents.threads import Threads
 from agents.trajectory_sink import TrajectorySink
+from deploy.learn.eval_endpoint import MODEL, RUN_HEADER, EvalEndpoint
 from deploy.learn.settings import LearnerSettings
 from learner.gate.eval_gate import TaskOutcome
 from learner.gate.eval_runs import (
     FIRST_TURN,
+    SUITE,
     EvalError,
     EvalRuns,
     GateTask,
@@ -42,6 +51,13 @@ from learner.policy.registry import PolicyRegistry
 from learner.store import Store
 
 EVAL_USER = "arloop-eval"
+
+
+class TeamRunError(EvalError):
+    """A team's `run` failed, or answered without calling the endpoint: its runs cannot be
+    scored, and a tie of two failing versions must not release one."""
+
+    failed = SUITE
 
 
 def eval_tasks(pack: Pack) -> list[Task]:
@@ -62,7 +78,7 @@ def gate_task(pack: Pack, task: Task) -> GateTask:
     return GateTask(
         key=f"{pack.name}/{task.id}",
         stratum=f"{pack.name}/{task.meta.get('kind', task.agent)}",
-        first_turn=pack.first_turn is not None,
+        first_turn=pack.first_turn is not None and pack.run is None,
         samples=temperature is None or temperature > 0,
     )
 
@@ -76,7 +92,11 @@ def outcome(pack: Pack, task: Task, t: TrajectoryEvent, solved_at: float) -> Tas
         score = float(pack.verify(task, t.model_answer))
     except Exception as exc:
         raise VerifierError(f"verifier of {pack.name!r} failed on task {task.id}: {exc}") from exc
-    used = task.needs_tool is not None and any(s.name == task.needs_tool for s in t.tool_steps)
+    if pack.run is None:
+        named = [s.name for s in t.tool_steps]
+    else:  # a team's agent runs its tools itself: what the model asked for is what it used
+        named = [c.name for s in t.model_steps for c in s.tool_calls]
+    used = task.needs_tool is not None and task.needs_tool in named
     return TaskOutcome(
         task_id=f"{pack.name}/{task.id}",
         score=score,
@@ -105,6 +125,7 @@ class AgentRuns:
     """The endpoint, its retries and max tokens; each job brings its temperature and seed."""
     solved_at: float = 1.0
     _tasks: dict[str, tuple[Pack, Task]] = field(default_factory=dict, init=False, repr=False)
+    _endpoint: EvalEndpoint | None = field(default=None, init=False, repr=False)
 
     def pool(self) -> list[GateTask]:
         """Every held-out task of every pack; SuiteMissing before any call is made."""
@@ -116,8 +137,12 @@ class AgentRuns:
         """One batch's job runner; the agent runtimes it makes share `client`."""
         runtimes: dict[str, AgentRuntime] = {}
 
+        sink = TrajectorySink(client, stream=STREAM_EVAL_TRAJECTORIES)
+
         async def run(job: Job) -> Ran:
             pack, task = self._find(job.task)
+            if pack.run is not None:
+                return await self._team_run(sink, job, pack, task)
             if pack.name not in runtimes:
                 runtimes[pack.name] = self._runtime(client, pack)
             return await self._run(runtimes[pack.name], job, pack, task)
@@ -153,6 +178,52 @@ class AgentRuns:
         _check_version(t.model_steps, version)
         return outcome(pack, task, t, self.solved_at), t
 
+    async def _team_run(self, sink: TrajectorySink, job: Job, pack: Pack, task: Task) -> Ran:
+        """One task through the team's own `run`, its calls recorded by the endpoint."""
+        if self._endpoint is None:
+            self._endpoint = EvalEndpoint(self.policy)
+        endpoint, version = self._endpoint, job.version
+        base_url = await asyncio.to_thread(lambda: endpoint.base_url)
+        run_id, recording = endpoint.open(version, job.temperature, job.seed)
+        started = time.time()
+        try:
+            answer = await _call(pack, task, base_url, f"{MODEL}@{version}", {RUN_HEADER: run_id})
+        except Exception as exc:
+            if recording.failure is not None:
+                raise EvalError(
+                    f"policy server failed while running {version} on {task.id}: "
+                    f"{recording.failure}"
+                ) from exc
+            raise TeamRunError(
+                f"run() of pack {pack.name!r} failed on task {task.id} under {version}: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+        finally:
+            endpoint.close(run_id)
+        if not recording.steps:
+            raise TeamRunError(
+                f"run() of pack {pack.name!r} answered task {task.id} without calling the "
+                "base_url it was given: point the agent's client at base_url, model and headers"
+            )
+        metadata = {"arloop.eval": version, "arloop.task": task.id, "arloop.form": job.form}
+        t = TrajectoryEvent(
+            event_id=new_id("eval"),
+            thread_id=run_id,
+            agent=pack.name,
+            user_id=EVAL_USER,
+            input=task.input,
+            output=str(answer or ""),
+            policy_version=version,
+            steps=recording.steps,
+            status=RunStatus.OK,
+            started_at=started,
+            finished_at=time.time(),
+            metadata=metadata | {"arloop.source": "chat_completions"},
+        )
+        _check_version(t.model_steps, version)
+        await sink.write(t)
+        return outcome(pack, task, t, self.solved_at), t
+
     def _first_turn(self, pack: Pack, task: Task, step: ModelStep) -> bool:
         try:
             return float(pack.first_turn(task, step)) >= self.solved_at
@@ -168,6 +239,14 @@ class AgentRuns:
             threads=Threads(client, canary_share=0.0, ttl_s=3600),
             sink=TrajectorySink(client, stream=STREAM_EVAL_TRAJECTORIES),
         )
+
+
+async def _call(pack: Pack, task: Task, base_url: str, model: str, headers: dict[str, str]):
+    """The pack's `run` on one task: awaited if async, else in a worker thread."""
+    assert pack.run is not None
+    if inspect.iscoroutinefunction(pack.run):
+        return await pack.run(task, base_url, model, dict(headers))
+    return await asyncio.to_thread(pack.run, task, base_url, model, dict(headers))
 
 
 def _check_version(steps: Sequence[ModelStep], version: str) -> None:

@@ -45,12 +45,20 @@ def round_plan(s: LearnerSettings) -> RoundPlan:
 
 
 def groundings(packs: list[Pack], tool_format: ToolFormat) -> dict[str, Grounding]:
-    """Per agent of a pack that can read its answers: its readers, tools and step budget."""
+    """Per agent of a pack that can read its answers: its readers, tools and step budget. A
+    team's own agent (`Pack.run`, named by the pack) gets its readers alone: its tools are its
+    own code's, so the labelled prompts of one that offers tools are not replayed (the logged
+    prompt does not render without them) and train by their feedback and `restate`."""
     out = {}
     for pack in packs:
         if pack.answer_of is None:
             continue
         reference_from = pack.reference_from or pack.answer_of
+        if pack.run is not None:
+            out[pack.name] = Grounding(
+                pack.answer_of, reference_from, tool_format=tool_format, restate=pack.restate
+            )
+            continue
         for agent in pack.agents:
             g = agent.generation or Generation()
             out[agent.name] = Grounding(

@@ -278,3 +278,20 @@ def test_a_reply_with_no_level_gets_the_level_line_and_a_question_or_no_restate_
     assert _restated([_triage_run("Triage: self-care")], answer="ask") == []
     plain = {"triage": Grounding(triage_level, mentioned_level)}  # the pack cannot restate
     assert _restated([_triage_run("Triage: self-care")], grounding=plain) == []
+
+
+def test_a_team_agents_turn_after_its_own_tool_output_reads_it():
+    """A run through `/v1/chat/completions` has no tool steps: its tool's output is a `tool`
+    message in the next call's prompt, and that turn reads it as our agents' would."""
+    from learner.rounds import credited_turns
+
+    ours = trajectory(tool_turn=True)
+    call, _, answer = ours.steps
+    result = {"role": "tool", "tool_call_id": "c1", "content": "42"}
+    answer = answer.model_copy(update={"index": 1, "messages": [*call.messages, result]})
+    theirs = ours.model_copy(update={"steps": [call, answer], "agent": "team-bot"})
+    fixed = feedback(theirs.event_id, "correction", None, text="The answer is 41.")
+    episode = Episode(theirs, (fixed, feedback(theirs.event_id, "thumbs", 1)))
+    assert credited_turns(episode) == {0}  # the answer turn read the tool: not credited
+    data = _build([episode])
+    assert data.pairs == [] and data.skipped_corrections == 1  # no pair against the tool

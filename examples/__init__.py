@@ -1,0 +1,1 @@
+"""Agents a team would write itself, joined to arloop by their base URL (docs/any_agent.md)."""

@@ -1,0 +1,1 @@
+"""A maths tutor written as a plain LangGraph `StateGraph` over `langchain_openai.ChatOpenAI`."""
