@@ -269,7 +269,11 @@ def agent_suite(
     progress: Progress | None = None,
     redis_options: dict[str, Any] | None = None,
 ) -> Suite:
-    """The packs' held-out pools, run through the agent graph at `temperature`."""
+    """The packs' held-out pools, run through the agent graph at `temperature`. A team's
+    agent without an eval suite (`Pack.run`, no tasks or verifier) is learned from feedback
+    alone: set aside, and named in every report."""
+    unjudged = tuple(p.name for p in packs if p.run is not None and not p.has_eval_suite())
+    packs = [p for p in packs if p.name not in unjudged]
     agents = AgentRuns(list(packs), policy, solved_at)
     runs = EvalRuns(
         redis_url,
@@ -279,7 +283,7 @@ def agent_suite(
         progress=progress,
         redis_options=redis_options or {},
     )
-    return Suite("+".join(p.name for p in packs), agents.pool, runs, temperature)
+    return Suite("+".join(p.name for p in packs), agents.pool, runs, temperature, unjudged)
 
 
 def gate_runner(

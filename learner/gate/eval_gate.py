@@ -131,6 +131,9 @@ class GateReport:
     """What the gate's parts took: `sampled` (the sequential test's runs; a cached champion's
     cost nothing), `episodes` (whole runs), `figures` (KL, entropy, off-policy estimate)."""
     created_at: float = field(default_factory=time.time)
+    unjudged: list[str] = field(default_factory=list)
+    """Gate packs with no held-out suite (a team's agent described by feedback alone): their
+    agents are trained on, not judged here; their release rests on the guards and the canary."""
 
     @property
     def passed(self) -> bool:
@@ -156,6 +159,11 @@ class GateReport:
         if self.red_flags:
             said = ", ".join(f"{v} {k}/{n}" for v, (k, n) in self.red_flags.items())
             lines.append(f"red flags escalated by the model itself (before any envelope): {said}")
+        if self.unjudged:
+            lines.append(
+                f"not judged on held-out tasks (no eval suite): {', '.join(self.unjudged)}; "
+                "their agents' release rests on the guards and the canary"
+            )
         if self.seconds:
             parts = ", ".join(f"{k.replace('_', ' ')} {v:.0f} s" for k, v in self.seconds.items())
             lines.append(f"gate time: {parts}")

@@ -54,6 +54,9 @@ class Suite:
     runs: EvalRuns
     temperature: float
     """The serving temperature the sampled forms run at (0: greedy, one sample per task)."""
+    unjudged: tuple[str, ...] = ()
+    """Packs the learner trains on that have no held-out suite (a team's agent learned from
+    feedback alone): named in every report, never run."""
 
 
 @dataclass
@@ -94,7 +97,20 @@ class GateRunner:
         Needs `model_cache` (the models' figures); `run` alone does not."""
         version = self.registry.resolve(version)
         champion = self.registry.resolve(champion or CHAMPION)
+        report = self._judge(version, champion)
+        return dataclasses.replace(report, unjudged=list(self.suite.unjudged))
+
+    def _judge(self, version: str, champion: str) -> GateReport:
         name = self.suite.name
+        if not self.suite.name and self.suite.unjudged:
+            return refuse(
+                version,
+                champion,
+                SUITE,
+                f"no eval pack has held-out tasks ({', '.join(self.suite.unjudged)} learn from "
+                "feedback alone): a release on the guards and the canary alone is not built; "
+                "give a pack tasks and a verifier, or turn the gate off (ARLOOP_EVAL_GATE)",
+            )
         if not self.suite.name:
             return refuse(
                 version, champion, SUITE, "no eval pack (ARLOOP_EVAL_GATE / ARLOOP_EVAL_PACKS)"

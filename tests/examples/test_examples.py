@@ -126,7 +126,9 @@ def test_both_examples_learn_from_feedback_and_are_gated_by_their_own_run(
             temperature=1.0,
             max_tokens=8,
         )
-        suite = agent_suite(redis_url, [counted(p, calls) for p in packs.values()], policy, 1.0)
+        chat = dataclasses.replace(packs[SDK], name="chat-bot", tasks=lambda split: [])
+        gated = [counted(p, calls) for p in packs.values()] + [counted(chat, calls)]
+        suite = agent_suite(redis_url, gated, policy, 1.0)
         n = 2 * EVAL_TASKS
         config = GateConfig(
             margin=0.5, samples=2, looks=(n,), guard_tasks=n, full_tasks=n, min_ess=0.0
@@ -135,6 +137,8 @@ def test_both_examples_learn_from_feedback_and_are_gated_by_their_own_run(
     assert report.verdict != ERROR, report.reason
     assert report.tasks == n and report.suite == f"{SDK}+{GRAPH}"
     assert report.sequential is not None
+    # an agent learned from feedback alone is named, not run: its release is the canary's
+    assert report.unjudged == ["chat-bot"] and "chat-bot; their agents'" in report.summary()
     guards = {g.name: g for g in report.guards}
     assert guards["kl_to_reference"].figure > 0  # measured on the team's v1 runs' tokens
     tasks = {task for task, _ in calls}

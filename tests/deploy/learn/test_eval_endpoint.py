@@ -15,8 +15,11 @@ from agents.packs import PackNotFound, get_pack
 from agents.packs.base import Pack, Task
 from agents.policy_client import PolicyConfig
 from agents.runtime import AgentSpec
-from deploy.learn.agent_runs import AgentRuns, TeamRunError, gate_task
+from deploy.learn.agent_runs import AgentRuns, TeamRunError, agent_suite, gate_task
+from learner.gate.eval_gate import ERROR, GateConfig
 from learner.gate.eval_runs import SAMPLED, SUITE, Job
+from learner.gate.runner import GateRunner
+from learner.policy.registry import PolicyRegistry
 from tests.fakes.scripted_llm import Reply
 
 TASK = Task("t1", "team-bot", "What is 2+3?", "5", "add", {"kind": "sum"})
@@ -52,12 +55,15 @@ def team_pack(run=tool_loop) -> Pack:
     )
 
 
-def _run(redis_url: str, pack: Pack, llm, version: str = "v1"):
-    """One sampled eval job of the pack's task through `AgentRuns`."""
-    policy = PolicyConfig(
+def _policy(llm) -> PolicyConfig:
+    return PolicyConfig(
         model="openai/arloop", api_base=llm.base_url, api_key="k", retries=0, max_tokens=32
     )
-    runs = AgentRuns([pack], policy)
+
+
+def _run(redis_url: str, pack: Pack, llm, version: str = "v1"):
+    """One sampled eval job of the pack's task through `AgentRuns`."""
+    runs = AgentRuns([pack], _policy(llm))
     runs.pool()
 
     async def go():
@@ -133,3 +139,18 @@ def test_a_pack_for_a_team_agent_loads_without_agents_and_not_with_both():
 def both() -> Pack:
     spec = AgentSpec(name="echo", description="says something", system_prompt="Answer.")
     return Pack("both", (spec,), run=tool_loop)
+
+
+def test_a_team_agent_without_tasks_is_named_unjudged_and_never_released_alone(
+    llm, redis_url, redis_client
+):
+    registry = PolicyRegistry(redis_client)
+    registry.ensure_base("tiny")
+    feedback_only = Pack("chat-bot", run=tool_loop)  # no tasks, no verifier
+    suite = agent_suite(redis_url, [feedback_only], _policy(llm), 1.0)
+    assert suite.name == "" and suite.unjudged == ("chat-bot",)
+    report = GateRunner(registry, suite, GateConfig()).evaluate("v0", "v0")
+    assert report.verdict == ERROR and report.failed == [SUITE] and report.unjudged == ["chat-bot"]
+    assert "a release on the guards and the canary alone is not built" in report.reason
+    assert "not judged on held-out tasks (no eval suite): chat-bot" in report.summary()
+    assert llm.requests == []
