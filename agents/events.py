@@ -98,6 +98,9 @@ class ModelStep(_Frozen):
     # None: not said (another endpoint, or an event from before). The learner recomputes the
     # logprobs of an engine whose numerics are not its own (learner/behaviour.py).
     engine: str | None = None
+    node: str | None = None
+    """The graph node that made the call, as a team's agent said (`X-Arloop-Node`, from
+    LangGraph's run metadata: `agents.graph_nodes`); None: not said."""
     latency_ms: float
 
 

@@ -6,7 +6,14 @@ from __future__ import annotations
 import math
 import resource
 import sys
+from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from learner.episodes import Episode
+    from learner.rewards import EpisodeReward
 
 
 def round_metrics(
@@ -27,6 +34,22 @@ def round_metrics(
     for part in parts:
         metrics.update(part)
     return {k: v for k, v in metrics.items() if math.isfinite(v)}
+
+
+def node_metrics(episodes: Sequence[Episode], rewards: Sequence[EpisodeReward]) -> dict[str, float]:
+    """Per graph node that made calls (`ModelStep.node`: a team's LangGraph agent that opted in,
+    `agents.graph_nodes`): the round's rewarded calls it made (`nodes/<node>/calls`) and their
+    mean reward (`nodes/<node>/reward`); {} when no call named its node."""
+    by_node: dict[str, list[float]] = defaultdict(list)
+    for episode, reward in zip(episodes, rewards, strict=True):
+        for step in episode.trajectory.model_steps:
+            if step.node and step.index in reward.turns:
+                by_node[step.node].append(reward.turns[step.index])
+    out = {}
+    for node, values in sorted(by_node.items()):
+        out[f"nodes/{node}/calls"] = float(len(values))
+        out[f"nodes/{node}/reward"] = sum(values) / len(values)
+    return out
 
 
 def mean_metrics(runs: list[dict[str, float]]) -> dict[str, float]:

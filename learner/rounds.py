@@ -38,7 +38,7 @@ from learner.policy.registry import (
 )
 from learner.publish import Published, publish_version
 from learner.rewards import EpisodeReward, batch_rewards, keep_turns
-from learner.round_metrics import peak_rss_mb, round_metrics
+from learner.round_metrics import node_metrics, peak_rss_mb, round_metrics
 from learner.samples import (
     TrainingData,
     build_training_data,
@@ -138,7 +138,7 @@ def run_round(
     labels, replays = _replays(episodes, tokenizer, plan)
     rest = [n for n in range(len(episodes)) if n not in replays.episodes]
     rest_episodes = [episodes[n] for n in rest]
-    data = _training_data(store, rest_episodes, tokenizer, config, plan.grounding, scored)
+    data, rewards = _training_data(store, rest_episodes, tokenizer, config, plan.grounding, scored)
     used = {rest[n] for n in data.used} | replays.episodes
     unusable = [i for n, e in enumerate(episodes) if n not in used for i in e.event_ids]
     if not data.samples and not data.pairs and not data.judged and not replays.starts:
@@ -200,6 +200,7 @@ def run_round(
     }
     metrics = round_metrics(pg + sub.updates, dpo, kto, counts, sub.metrics, gap.metrics())
     metrics[f"untrainable/{NO_TOKEN_IDS}"] = float(blind + blind_silent)
+    metrics.update(node_metrics(rest_episodes, rewards))
     if judge is not None:
         metrics.update(judge.metrics(len(scored)))
     metrics["memory/peak_rss_mb"] = peak_rss_mb()  # training, sub-rounds and reward model done
@@ -344,9 +345,10 @@ def _training_data(
     config: RoundConfig,
     grounding: Mapping[str, Grounding],
     scored: Mapping[str, float],
-) -> TrainingData:
-    """Samples, pairs and judged answers from the episodes' feedback; a silent run the reward
-    model scored (`scored`, by trajectory id) gets that score on every turn."""
+) -> tuple[TrainingData, list[EpisodeReward]]:
+    """Samples, pairs and judged answers from the episodes' feedback, and the rewards they
+    came from; a silent run the reward model scored (`scored`, by trajectory id) gets that
+    score on every turn."""
     rewards = batch_rewards(
         [e.feedback for e in episodes],
         [[s.index for s in e.trajectory.model_steps] for e in episodes],
@@ -359,7 +361,7 @@ def _training_data(
     ]
     if not config.train_after_tool:
         rewards = [keep_turns(r, credited_turns(e)) for r, e in zip(rewards, episodes, strict=True)]
-    return build_training_data(
+    data = build_training_data(
         episodes,
         rewards,
         encode=lambda text: tokenizer(text, add_special_tokens=False)["input_ids"],
@@ -371,6 +373,7 @@ def _training_data(
         text_pairs=lambda e: e.trajectory.agent not in grounding or config.subrounds == 0,
         judged_only=judged_only if config.kto_judgements else lambda episode: False,
     )
+    return data, rewards
 
 
 def model_reward(episode: Episode, score: float) -> EpisodeReward:

@@ -6,7 +6,8 @@ API key of ARLOOP_API_KEYS. `model: "arloop"` goes to the version its run's cana
 (champion, or candidate for a share of new runs, sticky per run); `arloop@v3` pins one. Calls
 with the same `X-Arloop-Run` header are one trajectory, each call a model step, kept with the
 token ids and logprobs the policy server gives (always asked for; sent on only to a client
-that asked for `logprobs`). `X-Arloop-Agent` names the agent (else the API key's name); the end
+that asked for `logprobs`). `X-Arloop-Agent` names the agent (else the API key's name), and
+`X-Arloop-Node` the graph node that made the call (kept on its step, `agents.graph_nodes`); the end
 user is the request's `user`, else `X-Arloop-User` (a key of identity `any`), else the key,
 bound by the key's identity as on every route. Each answer, streamed or not, carries
 `X-Arloop-Trajectory`, `X-Arloop-Feedback-Token` and `X-Arloop-Policy-Version` (a stream
@@ -46,7 +47,8 @@ from deploy.credentials import NAME, USER, Identity
 from deploy.logs import bind
 
 router = APIRouter()
-RUN_HEADER, AGENT_HEADER = "X-Arloop-Run", "X-Arloop-Agent"
+RUN_HEADER, AGENT_HEADER, NODE_HEADER = "X-Arloop-Run", "X-Arloop-Agent", "X-Arloop-Node"
+NODE = r"^[A-Za-z0-9_.:-]{1,64}$"
 RUN_ID = r"^[A-Za-z0-9_.:-]{1,128}$"
 _WHY = ERROR_MEANINGS | {
     400: "A field is invalid or not one the policy can honour (`param` names it).",
@@ -101,6 +103,7 @@ async def chat_completions(
     user = caller.user(_requested_user(body, request, caller)) or caller.user(caller.key.name)
     agent = _agent(request, caller)
     run_id = _header(request, RUN_HEADER, RUN_ID)
+    node = _header(request, NODE_HEADER, NODE)
     await _admit(caller, body, user)
     runs: ExternalRuns = services.runs  # type: ignore[assignment]
     key = caller.key
@@ -108,7 +111,7 @@ async def chat_completions(
     call = await runs.begin(run_id, key.tenant, key.name, user or "", agent, metadata)
     bind(trace=call.trajectory_id)
     if body.stream:
-        return await _streamed(caller, policy, body, call, pinned or call.arm)
+        return await _streamed(caller, policy, body, call, pinned or call.arm, node)
     start = time.perf_counter()
     try:
         response = await policy.respond(body.upstream(), arm=pinned or call.arm)
@@ -125,7 +128,7 @@ async def chat_completions(
         latency_ms,
     )
     step = policy.recorded(step, getattr(response, "_hidden_params", None), pinned or call.arm)
-    await runs.record(call, step)
+    await runs.record(call, step.model_copy(update={"node": node}))
     payload = completion_body(response, body.model, bool(body.logprobs))
     return JSONResponse(payload, headers=_arloop_headers(caller, call, step.policy_version))
 
@@ -182,7 +185,12 @@ async def end_run(
 
 
 async def _streamed(
-    caller: Caller, policy: PolicyClient, body: ChatCompletionRequest, call: Call, arm: str
+    caller: Caller,
+    policy: PolicyClient,
+    body: ChatCompletionRequest,
+    call: Call,
+    arm: str,
+    node: str | None,
 ) -> Response:
     """The answer as server-sent chunks; the headers go out once the first chunk has come (it
     names the version), the step is recorded before `[DONE]`, and a client that leaves
@@ -201,7 +209,7 @@ async def _streamed(
         latency_ms = (time.perf_counter() - start) * 1000
         model = policy.model_for(arm)
         taken = out.step(body.messages_sent(), body.tools_sent(), model, call.index, latency_ms)
-        return policy.recorded(taken, out.hidden_params, arm)
+        return policy.recorded(taken, out.hidden_params, arm).model_copy(update={"node": node})
 
     if first is not None:
         _take(out, first)

@@ -46,3 +46,35 @@ def test_a_process_started_by_a_large_one_reports_its_own_peak_not_its_parents()
         check=True,
     )
     assert float(child.stdout) < 256  # getrusage's ru_maxrss would carry the parent's 512+
+
+
+def test_node_metrics_count_and_average_each_nodes_rewarded_calls():
+    from learner.episodes import Episode
+    from learner.rewards import EpisodeReward
+    from learner.round_metrics import node_metrics
+    from tests.learner.learner_events import trajectory
+
+    t = trajectory(tool_turn=True)
+    call, tool, answer = t.steps
+    named = t.model_copy(
+        update={
+            "steps": [
+                call.model_copy(update={"node": "think"}),
+                tool,
+                answer.model_copy(update={"node": "answer"}),
+            ]
+        }
+    )
+    unnamed = trajectory()
+    episodes = [Episode(named), Episode(named), Episode(unnamed)]
+    rewards = [
+        EpisodeReward(1.0, {0: 1.0, 2: 1.0}),
+        EpisodeReward(-1.0, {0: -1.0}),  # its answer turn not trained
+        EpisodeReward(1.0, {0: 1.0}),
+    ]
+    assert node_metrics(episodes, rewards) == {
+        "nodes/answer/calls": 1.0,
+        "nodes/answer/reward": 1.0,
+        "nodes/think/calls": 2.0,
+        "nodes/think/reward": 0.0,
+    }
