@@ -272,7 +272,7 @@ def agent_suite(
     """The packs' held-out pools, run through the agent graph at `temperature`. A team's
     agent without an eval suite (`Pack.run`, no tasks or verifier) is learned from feedback
     alone: set aside, and named in every report."""
-    unjudged = tuple(p.name for p in packs if p.run is not None and not p.has_eval_suite())
+    unjudged = tuple(p.name for p in packs if _feedback_only(p))
     packs = [p for p in packs if p.name not in unjudged]
     agents = AgentRuns(list(packs), policy, solved_at)
     runs = EvalRuns(
@@ -284,6 +284,15 @@ def agent_suite(
         redis_options=redis_options or {},
     )
     return Suite("+".join(p.name for p in packs), agents.pool, runs, temperature, unjudged)
+
+
+def _feedback_only(pack: Pack) -> bool:
+    """A team's agent without held-out tasks or a verifier (a pool that fails to load is not:
+    the suite then says why, `eval_tasks`)."""
+    try:
+        return pack.run is not None and not pack.has_eval_suite()
+    except Exception:  # noqa: BLE001 -- the team's tasks(): reported by eval_tasks, not here
+        return False
 
 
 def gate_runner(

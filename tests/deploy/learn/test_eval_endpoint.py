@@ -154,3 +154,17 @@ def test_a_team_agent_without_tasks_is_named_unjudged_and_never_released_alone(
     assert "a release on the guards and the canary alone is not built" in report.reason
     assert "not judged on held-out tasks (no eval suite): chat-bot" in report.summary()
     assert llm.requests == []
+
+
+def test_a_team_pack_whose_tasks_fail_to_load_is_an_eval_suite_error(llm, redis_url, redis_client):
+    def tasks(split):
+        raise FileNotFoundError("eval.jsonl is missing")
+
+    registry = PolicyRegistry(redis_client)
+    registry.ensure_base("tiny")
+    broken = Pack("team-bot", tasks=tasks, verify=lambda task, answer: 1.0, run=tool_loop)
+    suite = agent_suite(redis_url, [broken], _policy(llm), 1.0)
+    assert suite.unjudged == ()  # not taken for a feedback-only agent
+    report = GateRunner(registry, suite, GateConfig()).evaluate("v0", "v0")
+    assert report.verdict == ERROR and report.failed == [SUITE]
+    assert "pack 'team-bot' has no eval suite: eval.jsonl is missing" in report.reason
