@@ -15,23 +15,23 @@ from agents.packs import get_pack
 from agents.policy_client import PolicyConfig
 from deploy.learn.agent_runs import agent_suite
 from deploy.learn.plan import groundings
-from examples.langgraph_tutor import agent as graph_tutor
-from examples.langgraph_tutor.pack import NAME as GRAPH
-from examples.openai_sdk_tutor import agent as sdk_tutor
-from examples.openai_sdk_tutor.pack import NAME as SDK
 from learner.gate.eval_gate import ERROR, GateConfig
 from learner.gate.runner import GateRunner
 from learner.policy.registry import CHAMPION, PolicyRegistry, VersionStatus
 from learner.rounds import run_round
 from learner.trajectory_source import TrajectorySource
 from tests.deploy.policy_server.support import running_server, tiny_settings
+from tests.examples.langgraph_tutor import agent as graph_tutor
+from tests.examples.langgraph_tutor.pack import NAME as GRAPH
+from tests.examples.openai_sdk_tutor import agent as sdk_tutor
+from tests.examples.openai_sdk_tutor.pack import NAME as SDK
 from tests.fakes.api import API_KEY
 from tests.learner.learner_fixtures import open_store, tiny_round_plan
 from tests.model_cache import MODEL_CACHE
 
 PACKS = {
-    SDK: "examples.openai_sdk_tutor.pack:pack",
-    GRAPH: "examples.langgraph_tutor.pack:pack",
+    SDK: "tests.examples.openai_sdk_tutor.pack:pack",
+    GRAPH: "tests.examples.langgraph_tutor.pack:pack",
 }
 EVAL_TASKS = 3
 TRAIN_RUNS = 4

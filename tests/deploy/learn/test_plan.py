@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from agents.packs.base import Pack
 from deploy.learn.plan import groundings
-from examples.openai_sdk_tutor.pack import NAME, pack
 from learner.episodes import Episode
 from learner.labels import find_labels
+from tests.examples.openai_sdk_tutor.pack import NAME, pack
 from tests.learner.learner_events import feedback, trajectory
 from tools.verifiers import final_number
 

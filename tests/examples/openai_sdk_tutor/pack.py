@@ -1,4 +1,4 @@
-"""The OpenAI-SDK tutor's pack: `ARLOOP_EVAL_PACKS='["examples.openai_sdk_tutor.pack:pack"]'`."""
+"""The OpenAI-SDK tutor's pack: `ARLOOP_EVAL_PACKS='["tests.examples.openai_sdk_tutor.pack:pack"]'`."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from openai import OpenAI
 
 from agents.packs.base import Pack, Task
 from agents.packs.tutoring import EVAL_POOL
-from examples.openai_sdk_tutor.agent import solve
-from examples.tutor_pack import tutor_pack
+from tests.examples.openai_sdk_tutor.agent import solve
+from tests.examples.tutor_pack import tutor_pack
 
 NAME = "sdk-tutor"
 

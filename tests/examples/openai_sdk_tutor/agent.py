@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from openai import OpenAI
 
-from examples.calculator import SPEC, call
+from tests.examples.calculator import SPEC, call
 
 SYSTEM = (
     "You are a maths tutor. Solve the student's problem. Use the calculator tool for "

@@ -13,7 +13,7 @@ from langchain_openai import ChatOpenAI
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
 
-from examples.calculator import calculate
+from tests.examples.calculator import calculate
 
 SYSTEM = (
     "You are a maths tutor. Solve the student's problem. Use the calculator tool for "

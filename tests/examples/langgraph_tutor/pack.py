@@ -1,11 +1,11 @@
-"""The LangGraph tutor's pack: `ARLOOP_EVAL_PACKS='["examples.langgraph_tutor.pack:pack"]'`."""
+"""The LangGraph tutor's pack: `ARLOOP_EVAL_PACKS='["tests.examples.langgraph_tutor.pack:pack"]'`."""
 
 from __future__ import annotations
 
 from agents.packs.base import Pack, Task
 from agents.packs.tutoring import EVAL_POOL
-from examples.langgraph_tutor.agent import chat_model, solve
-from examples.tutor_pack import tutor_pack
+from tests.examples.langgraph_tutor.agent import chat_model, solve
+from tests.examples.tutor_pack import tutor_pack
 
 NAME = "langgraph-tutor"
 

@@ -1,1 +1,0 @@
-"""Agents a team would write itself, joined to arloop by their base URL (docs/any_agent.md)."""
