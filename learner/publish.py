@@ -3,9 +3,13 @@
 The order is the crash-safety argument:
 1. the checkpoint is written to `<version>.partial`, fsynced, and renamed to `<version>`
    (a crash here leaves a folder no ledger row names: removed on restart, events retrained);
+   its digest is taken, and with object storage (`upload_to`, ARLOOP_CHECKPOINT_URI=s3://...)
+   the folder is uploaded under `<upload_to>/<version>` (a crash after the upload leaves
+   objects no ledger row names: never served, as no registry record names them);
 2. one store transaction commits the version row and the ledger of the events it learned from
    (after this the events are trained, whatever happens next);
-3. the registry learns of the version (READY): publishing stops there. With no eval gate
+3. the registry learns of the version (READY), with its checkpoint's URI and digest
+   (`learner.policy.storage`): publishing stops there. With no eval gate
    configured (`promote`), the release rule for that case (`learner.gate.release.release_ungated`,
    through the one `promote` and its checks) moves `champion` from the parent to it before the
    store marks the version registered; with a gate, the release flow moves the aliases
@@ -28,6 +32,7 @@ from learner.crashpoints import crash_point
 from learner.gate.release import release_ungated
 from learner.policy.models import REQUIRED_FILES
 from learner.policy.registry import PolicyRegistry, PolicyVersion
+from learner.policy.storage import folder_digest, upload_checkpoint, version_uri
 from learner.store import CommittedVersion, Store
 
 log = logging.getLogger(__name__)
@@ -101,8 +106,10 @@ def publish_version(
     meta: dict[str, Any],
     actor: str,
     promote: bool = True,
+    upload_to: str | None = None,
 ) -> Published:
     """Checkpoint, commit the ledger, register (and promote): the three steps in their order.
+    `upload_to` (`s3://bucket/prefix`): the checkpoint is uploaded there before the commit.
 
     Fenced (nothing written) when this learner's lease is gone; CheckpointWriteError when the
     folder the registry's next name points at exists already (the registry went back: see
@@ -126,8 +133,11 @@ def publish_version(
             f"checkpoint {version} was written without {', '.join(missing)}: it could never "
             "load, so it is not published (the round's events stay trainable)"
         )
+    stored = _store(path, version, upload_to)
     crash_point("after_checkpoint")
-    committed = CommittedVersion(version, parent.version, path, manifest, registered=False)
+    committed = CommittedVersion(
+        version, parent.version, path, {**manifest, **stored}, registered=False
+    )
     try:
         store.commit_version(committed, trained, let_go, meta)
     except BaseException:
@@ -152,7 +162,8 @@ def register(
             version=committed.version,
             parent=committed.parent,
             base_model=m["base_model"],
-            checkpoint_uri=checkpoint_uri(committed.checkpoint),
+            checkpoint_uri=m.get("checkpoint_uri") or checkpoint_uri(committed.checkpoint),
+            checkpoint_digest=m.get("checkpoint_digest"),
             checkpoint_kind=m["kind"],
             created_at=m["created_at"],
             metrics=m["metrics"],
@@ -161,6 +172,24 @@ def register(
     champion, conflict = _promote(registry, committed, actor) if promote else (False, None)
     store.mark_registered(committed.version)
     return Published(committed.version, committed.parent, committed.checkpoint, champion, conflict)
+
+
+def _store(path: Path, version: str, upload_to: str | None) -> dict[str, str]:
+    """The checkpoint's digest, uploaded when `upload_to`: what the registry will record."""
+    stored = {"checkpoint_digest": folder_digest(path)}
+    if upload_to:
+        uri = version_uri(upload_to, version)
+        try:
+            upload_checkpoint(path, uri)
+        except Exception as exc:  # botocore: no endpoint, denied, no bucket, ...
+            shutil.rmtree(path, ignore_errors=True)
+            raise CheckpointWriteError(
+                f"cannot upload checkpoint {version} to {uri}: {exc}. Check "
+                "ARLOOP_CHECKPOINT_URI, AWS_ENDPOINT_URL and the credentials "
+                "(the round's events stay trainable)"
+            ) from exc
+        stored["checkpoint_uri"] = uri
+    return stored
 
 
 def _promote(

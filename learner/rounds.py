@@ -24,7 +24,6 @@ from learner.labels import Grounding, Label, find_labels
 from learner.policy.models import (
     CheckpointError,
     ModelNotFound,
-    checkpoint_path,
     load_base,
     load_checkpoint,
     load_version,
@@ -36,6 +35,7 @@ from learner.policy.registry import (
     UnknownVersion,
     version_number,
 )
+from learner.policy.storage import fetch_checkpoint
 from learner.publish import Published, publish_version
 from learner.rewards import EpisodeReward, batch_rewards, keep_turns
 from learner.round_metrics import node_metrics, peak_rss_mb, round_metrics
@@ -64,7 +64,11 @@ class RoundPlan:
 
     checkpoints_dir: Path
     model_cache: Path
-    """Where base models are converted or built (`load_base`'s `cache_dir`)."""
+    """Where base models are converted or built (`load_base`'s `cache_dir`), and where an
+    `s3://` parent is fetched to (`learner.policy.storage.fetch_checkpoint`)."""
+    upload_to: str | None = None
+    """`s3://bucket/prefix`: each version's checkpoint is uploaded there before it is
+    published (ARLOOP_CHECKPOINT_URI); None: the registry names the local folder."""
     train: TrainConfig = field(default_factory=TrainConfig)
     round: RoundConfig = field(default_factory=RoundConfig)
     actor: str = "learner"
@@ -144,7 +148,9 @@ def run_round(
     if not data.samples and not data.pairs and not data.judged and not replays.starts:
         store.settle(unusable, UNTRAINABLE)
         return None
-    optimizer_state = _optimizer_state(parent) if plan.train.full_finetune else None
+    optimizer_state = (
+        _optimizer_state(parent, plan.model_cache) if plan.train.full_finetune else None
+    )
     make = plan.make_trainer or _local_trainer
     trainer = make(
         parent=parent,
@@ -226,6 +232,7 @@ def run_round(
         meta={BASELINE_KEY: vars(data.baseline)},
         actor=plan.actor,
         promote=plan.promote,
+        upload_to=plan.upload_to,
     )
     rewards = [s.reward for s in data.samples]
     return RoundResult(
@@ -260,7 +267,7 @@ def load_parent(parent: PolicyVersion, plan: RoundPlan) -> tuple[torch.nn.Module
     """(model, tokenizer, adapter folder to continue) for the version a round starts from."""
     if parent.checkpoint_kind == "full":
         model, tokenizer = load_checkpoint(
-            checkpoint_path(parent.checkpoint_uri),
+            fetch_checkpoint(parent, plan.model_cache),
             base_model=parent.base_model,
             cache_dir=plan.model_cache,
         )
@@ -274,7 +281,7 @@ def load_parent(parent: PolicyVersion, plan: RoundPlan) -> tuple[torch.nn.Module
             "ARLOOP_TRAIN__FULL_FINETUNE=false, or promote a full checkpoint (or v0) to champion "
             "first"
         )
-    return model, tokenizer, checkpoint_path(parent.checkpoint_uri)
+    return model, tokenizer, fetch_checkpoint(parent, plan.model_cache)
 
 
 def _relog(
@@ -313,11 +320,11 @@ def _local_trainer(
     )
 
 
-def _optimizer_state(parent: PolicyVersion) -> Path | None:
+def _optimizer_state(parent: PolicyVersion, model_cache: Path) -> Path | None:
     """A full checkpoint's AdamW moments (a LoRA adapter's come with `adapter_dir`)."""
     if parent.checkpoint_kind != "full":
         return None
-    return checkpoint_path(parent.checkpoint_uri) / "optimizer.pt"
+    return fetch_checkpoint(parent, model_cache) / "optimizer.pt"
 
 
 def _replays(

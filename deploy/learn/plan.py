@@ -35,6 +35,7 @@ def round_plan(s: LearnerSettings) -> RoundPlan:
     return RoundPlan(
         checkpoints_dir=s.data_dir / "checkpoints",
         model_cache=s.model_cache,
+        upload_to=s.checkpoint_uri,
         train=s.train,
         round=s.round,
         actor=s.consumer,

@@ -89,6 +89,13 @@ class LearnerSettings(ModelSettings, PolicyEndpointSettings):
     """Experiment trackers that get each round's metrics, a JSON list: '["tensorboard"]' writes
     event files under `data_dir/tensorboard` (needs `pip install 'arloop[tensorboard]'`); empty:
     none (the learner's /metrics and its round line are always there)."""
+    checkpoint_uri: str | None = Field(None, pattern=r"^s3://[^/]+(/.*)?$")
+    """Object storage for the checkpoints, `s3://bucket/prefix`: each version's folder is
+    uploaded to `<prefix>/<version>` before it is published, and the registry records that URI
+    with the folder's digest, which every server checks after fetching it. Endpoint and
+    credentials the AWS way (`AWS_ENDPOINT_URL`, `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`,
+    `AWS_DEFAULT_REGION`, or a role). Unset: the registry names the folder under `data_dir`,
+    which the policy servers must see (a shared volume)."""
     status_interval_s: float = Field(2.0, gt=0.0)
     """How often the stream figures are refreshed (gauges, and the status the dashboard reads)."""
     collective_timeout_s: float = Field(300.0, ge=5.0)

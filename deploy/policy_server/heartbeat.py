@@ -20,6 +20,7 @@ import redis
 from agents.events import serving_key
 from learner.policy.models import CheckpointError, checkpoint_path
 from learner.policy.registry import PolicyVersion
+from learner.policy.storage import is_remote
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin")
 
@@ -27,9 +28,13 @@ WEIGHT_SUFFIXES = (".safetensors", ".bin")
 def checkpoint_digest(record: PolicyVersion) -> str:
     """`sha256:<16 hex>` over the checkpoint's weight files (names and bytes); the base model
     is named instead (`base:<model>`): its weights are the model cache's, not a checkpoint.
-    A checkpoint that loaded but cannot be read again says so (`unreadable: <why>`)."""
+    A checkpoint that loaded but cannot be read again says so (`unreadable: <why>`). An
+    `s3://` one gives the registry's digest (over every file), shortened alike: its fetched
+    copy loads only after it matched (`learner.policy.storage.fetch_checkpoint`)."""
     if record.checkpoint_uri.startswith("base:"):
         return record.checkpoint_uri
+    if is_remote(record.checkpoint_uri):
+        return (record.checkpoint_digest or "unreadable: no digest")[: len("sha256:") + 16]
     try:
         return _files_digest(checkpoint_path(record.checkpoint_uri))
     except (OSError, CheckpointError) as exc:

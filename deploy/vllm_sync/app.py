@@ -38,6 +38,7 @@ def make_sync(settings: VllmSyncSettings, client: redis.Redis, vllm: VllmApi) ->
         base_name=settings.vllm_base_name,
         path_map=settings.vllm_path_map,
         drain_s=settings.vllm_drain_s,
+        cache_dir=settings.data_dir / "vllm-sync",
     )
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import redis
 
@@ -28,7 +29,7 @@ from deploy.vllm_sync.record import (
     write_record,
 )
 from deploy.vllm_sync.vllm_api import Card, VllmApi, VllmDown, VllmRefused
-from learner.policy.models import checkpoint_path, checkpoint_problem
+from learner.policy.models import CheckpointError, checkpoint_problem
 from learner.policy.registry import (
     CANDIDATE,
     CHAMPION,
@@ -36,6 +37,7 @@ from learner.policy.registry import (
     PolicyVersion,
     UnknownVersion,
 )
+from learner.policy.storage import fetch_checkpoint
 
 log = logging.getLogger("arloop.vllm_sync")
 ALIASES = (CHAMPION, CANDIDATE)
@@ -58,8 +60,11 @@ class VllmSync:
         path_map: dict[str, str] | None = None,
         drain_s: float = 120.0,
         clock: Callable[[], float] = time.time,
+        cache_dir: Path | None = None,
     ) -> None:
         self.client, self.vllm, self.route_name = client, vllm, route_name
+        self.cache_dir = cache_dir or Path(".arloop") / "vllm-sync"
+        """Where `s3://` checkpoints are fetched (and their digest checked) for vLLM to read."""
         self.registry = PolicyRegistry(client)
         self.base_name, self.path_map = base_name, dict(path_map or {})
         self.drain_s, self.clock = drain_s, clock
@@ -145,7 +150,11 @@ class VllmSync:
         digest = checkpoint_digest(version)
         if digest.startswith("unreadable"):
             raise Undeliverable(f"checkpoint {digest}")
-        name, path = adapter_name(version.version, digest), self._vllm_path(version)
+        try:
+            path = self._vllm_path(version)
+        except CheckpointError as exc:  # not fetched, or not the registry's digest: not served
+            raise Undeliverable(str(exc)) from exc
+        name = adapter_name(version.version, digest)
         if name in listed and listed[name].root not in (None, path):
             raise Undeliverable(f"vLLM serves {name} from another path, {listed[name].root}")
         if name not in listed:
@@ -213,7 +222,7 @@ class VllmSync:
 
     def _vllm_path(self, version: PolicyVersion) -> str:
         """The checkpoint folder as vLLM's filesystem names it (ARLOOP_VLLM_PATH_MAP)."""
-        path = str(checkpoint_path(version.checkpoint_uri))
+        path = str(fetch_checkpoint(version, self.cache_dir).resolve())
         for prefix, replacement in self.path_map.items():
             if path == prefix or path.startswith(prefix.rstrip("/") + "/"):
                 return replacement.rstrip("/") + path[len(prefix.rstrip("/")) :]

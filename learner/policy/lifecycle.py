@@ -123,6 +123,7 @@ class PolicyVersion:
     metrics: dict[str, float] = field(default_factory=dict)
     report: dict[str, Any] | None = None
     error: str | None = None
+    checkpoint_digest: str | None = None  # `learner.policy.storage.folder_digest` at publish
 
     def to_hash(self) -> dict[str, str]:
         d = asdict(self)

@@ -11,10 +11,18 @@ import logging
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
-from urllib.parse import unquote, urlparse
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
+
+from learner.policy.storage import (  # where a checkpoint lives; re-exported from here
+    REQUIRED_FILES,
+    CheckpointError,
+    checkpoint_path,
+    fetch_checkpoint,
+    is_remote,
+    remote_problem,
+)
 
 if TYPE_CHECKING:
     from learner.policy.registry import PolicyVersion
@@ -86,22 +94,6 @@ def _smollm2_safetensors(cache_dir: Path) -> Path:
     return target
 
 
-class CheckpointError(RuntimeError):
-    """A registry checkpoint cannot be loaded; the message says which file and why."""
-
-
-def checkpoint_path(uri: str) -> Path:
-    """The absolute folder of a `file://` checkpoint URI."""
-    if not uri.startswith("file://"):
-        raise CheckpointError(
-            f"checkpoint URI {uri!r} is neither 'base:<name>' nor 'file://<path>'"
-        )
-    path = Path(unquote(urlparse(uri).path))  # as `Path.as_uri()` writes it (%20 for spaces)
-    if not path.is_absolute() or urlparse(uri).netloc not in ("", "localhost"):
-        raise CheckpointError(f"checkpoint URI {uri!r} must hold an absolute path")
-    return path
-
-
 def apply_lora(
     base: torch.nn.Module, adapter_dir: Path | str, *, merge: bool = True
 ) -> torch.nn.Module:
@@ -158,7 +150,7 @@ def load_version(
     uri, kind = record.checkpoint_uri, record.checkpoint_kind
     if uri.startswith("base:"):
         return load_base(uri[len("base:") :], cache_dir=cache_dir, device=device, dtype=dtype)
-    folder = checkpoint_path(uri)
+    folder = fetch_checkpoint(record, cache_dir)  # s3://: fetched, its digest checked
     if not folder.is_dir():
         raise CheckpointError(f"checkpoint folder {folder} of {record.version} does not exist")
     if kind == "full":
@@ -174,13 +166,6 @@ def load_version(
     return model.to(device).eval(), tokenizer
 
 
-REQUIRED_FILES = {
-    "lora": ("adapter_config.json", "adapter_model.safetensors"),
-    "full": ("config.json",),
-}
-"""The files a checkpoint of each kind cannot load without."""
-
-
 def checkpoint_problem(record: PolicyVersion) -> str | None:
     """Why `record` cannot load, from what a look at the registry and the disk shows (no
     loading): broken, an unknown kind or URI, a missing folder or file; None when it looks whole."""
@@ -189,6 +174,8 @@ def checkpoint_problem(record: PolicyVersion) -> str | None:
     uri = record.checkpoint_uri
     if uri.startswith("base:"):
         return None
+    if is_remote(uri):
+        return remote_problem(record)
     try:
         folder = checkpoint_path(uri)
     except CheckpointError as exc:
@@ -211,7 +198,8 @@ def load_version_tokenizer(record: PolicyVersion, *, cache_dir: Path) -> PreTrai
     if uri.startswith("base:"):
         source = resolve_base(uri[len("base:") :], cache_dir=cache_dir)
     elif kind == "full":
-        return _checkpoint_tokenizer(checkpoint_path(uri), record.base_model, cache_dir)
+        folder = fetch_checkpoint(record, cache_dir)
+        return _checkpoint_tokenizer(folder, record.base_model, cache_dir)
     else:
         source = resolve_base(record.base_model, cache_dir=cache_dir)
     return _with_pad(AutoTokenizer.from_pretrained(source))

@@ -30,6 +30,7 @@ from learner.policy.models import (
     resolve_base,
 )
 from learner.policy.registry import PolicyVersion
+from learner.policy.storage import is_remote
 
 log = logging.getLogger(__name__)
 EXPORT_FORMAT = 2  # bump when export_gguf writes something different: old files are not reused
@@ -76,7 +77,7 @@ class LlamaLoader:
             "uri": record.checkpoint_uri,
             "kind": record.checkpoint_kind,
             "base": record.base_model,
-            "files": _fingerprint(self._source(record)),
+            "files": self._files(record),
             "quant": self.quant,
             "format": EXPORT_FORMAT,
         }
@@ -101,6 +102,13 @@ class LlamaLoader:
         )
         self._evict(keep_path=path)
         return tokenizer
+
+    def _files(self, record: PolicyVersion) -> Any:
+        """What names the checkpoint's bytes: an `s3://` one's digest (its fetch, at export,
+        checks it), else its files' names, sizes and times."""
+        if is_remote(record.checkpoint_uri):
+            return record.checkpoint_digest
+        return _fingerprint(self._source(record))
 
     def _source(self, record: PolicyVersion) -> Path:
         uri = record.checkpoint_uri
