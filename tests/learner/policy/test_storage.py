@@ -1,0 +1,156 @@
+"""Checkpoints on object storage, against a real S3-compatible server (moto's, its own process):
+a round's version uploaded and served, a tampered object refused, local folders as before."""
+
+import shutil
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import httpx
+import pytest
+
+from learner.policy.registry import CHAMPION, VersionStatus
+from learner.policy.storage import DigestMismatch, fetch_checkpoint, folder_digest
+from learner.publish import publish_version
+from learner.rounds import run_round
+from learner.trajectory_source import TrajectorySource
+from tests.deploy.policy_server.support import make_lora, running_server, tiny_settings
+from tests.learner.learner_events import feedback, trajectory, xadd
+from tests.learner.learner_fixtures import tiny_round_plan
+from tests.model_cache import MODEL_CACHE
+from tests.s3_server import s3_bucket, s3_client, s3_endpoint  # noqa: F401 - fixtures
+
+
+def _ask(base: str, model: str = "arloop") -> httpx.Response:
+    body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    return httpx.post(f"{base}/chat/completions", json=body, timeout=60)
+
+
+def _first_response_of(base: str, version: str, timeout: float = 60.0) -> float:
+    """Ask until the champion answering is `version`; the monotonic time of that answer."""
+    deadline = time.monotonic() + timeout
+    while True:
+        r = _ask(base)
+        if r.status_code == 200 and r.json()["system_fingerprint"] == version:
+            return time.monotonic()
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{version} never answered (last: {r.text[:200]})")
+        time.sleep(0.02)
+
+
+def _publish(store, registry, tmp_path: Path, seed: int, **kwargs):
+    """A LoRA over the tiny base published as a round publishes (`publish_version`)."""
+    return publish_version(
+        store,
+        registry,
+        lambda folder: make_lora(folder, seed=seed),
+        checkpoints_dir=tmp_path / "checkpoints",
+        parent=registry.get(registry.resolve(CHAMPION)),
+        kind="lora",
+        metrics={},
+        trained=[],
+        let_go={},
+        meta={},
+        actor="test",
+        **kwargs,
+    )
+
+
+def _health(base: str) -> dict:
+    return httpx.get(base.removesuffix("/v1") + "/healthz").json()
+
+
+def test_a_rounds_version_on_s3_is_served_once_its_digest_checks(
+    redis_client, redis_url, store, registry, s3_bucket, tmp_path
+):
+    t = trajectory(logprobs=True)
+    for event in (t, feedback(t.event_id)):
+        xadd(redis_client, event)
+    source = TrajectorySource(redis_client, store, "learner-1", block_ms=10)
+    source.ensure_groups()
+    while not source.poll().caught_up:
+        pass
+    prefix = f"s3://{s3_bucket}/arloop/checkpoints"
+    with running_server(tiny_settings(redis_url)) as base:
+        assert _ask(base).json()["system_fingerprint"] == "v0"
+        result = run_round(store, registry, replace(tiny_round_plan(tmp_path), upload_to=prefix))
+        published = time.monotonic()
+        served = _first_response_of(base, result.version)
+        record = registry.get(result.version)
+        assert record.checkpoint_uri == f"{prefix}/{result.version}"
+        assert record.checkpoint_digest == folder_digest(result.published.checkpoint)
+        listed = s3_client().list_objects_v2(Bucket=s3_bucket)["Contents"]
+        names = {o["Key"].rsplit("/", 1)[-1] for o in listed}
+        assert {"adapter_config.json", "adapter_model.safetensors", "manifest.json"} <= names
+        assert _health(base)["digests"][result.version] == record.checkpoint_digest[:23]
+    fetched = MODEL_CACHE / "checkpoints" / f"{result.version}-{record.checkpoint_digest[7:23]}"
+    assert folder_digest(fetched) == record.checkpoint_digest
+    print(f"round's version on s3: published -> first response {served - published:.2f} s")
+
+
+def test_a_tampered_object_is_refused_naming_the_version_and_both_digests(
+    redis_client, redis_url, store, registry, s3_bucket, tmp_path
+):
+    prefix = f"s3://{s3_bucket}/ck"
+    published = _publish(store, registry, tmp_path, seed=1, promote=False, upload_to=prefix)
+    version, record = published.version, registry.get(published.version)
+    other = make_lora(tmp_path / "other", seed=2)  # a valid adapter: only the digest tells
+    key = f"ck/{version}/adapter_model.safetensors"
+    s3_client().upload_file(str(other / "adapter_model.safetensors"), s3_bucket, key)
+    tampered = shutil.copytree(published.checkpoint, tmp_path / "tampered")
+    shutil.copy(other / "adapter_model.safetensors", tampered / "adapter_model.safetensors")
+    got, expected = folder_digest(tampered), record.checkpoint_digest
+    assert got != expected
+
+    with pytest.raises(DigestMismatch) as caught:
+        fetch_checkpoint(record, tmp_path / "cache")
+    assert version in str(caught.value) and got in str(caught.value)
+    assert expected in str(caught.value)
+    assert not list((tmp_path / "cache" / "checkpoints").iterdir())  # nothing left to load
+
+    with running_server(tiny_settings(redis_url)) as base:
+        registry.promote(version, expect="v0", reason="test", actor="test")
+        deadline = time.monotonic() + 60
+        while registry.get(version).status is not VersionStatus.BROKEN:
+            assert time.monotonic() < deadline, "the tampered version was never refused"
+            time.sleep(0.05)
+        error = registry.get(version).error
+        assert "DigestMismatch" in error and version in error
+        assert got in error and expected in error
+        assert _ask(base).json()["system_fingerprint"] == "v0"
+        assert _health(base)["serving"] == {CHAMPION: "v0"}
+        r = _ask(base, model=f"arloop@{version}")
+        assert r.status_code == 404 and "broken" in r.json()["error"]["message"]
+
+
+def test_local_checkpoints_work_as_before_and_their_digest_is_recorded(
+    redis_url, store, registry, tmp_path
+):
+    with running_server(tiny_settings(redis_url)) as base:
+        published = _publish(store, registry, tmp_path, seed=3)
+        _first_response_of(base, published.version)
+    record = registry.get(published.version)
+    assert record.checkpoint_uri == published.checkpoint.resolve().as_uri()
+    assert record.checkpoint_digest == folder_digest(published.checkpoint)
+
+
+def test_publish_to_first_response_on_s3_with_the_digest_checked(
+    redis_url, store, registry, s3_bucket, tmp_path
+):
+    """The figure: from `publish_version` (write, digest, upload, commit, READY, champion) to
+    the first answer of the new version, fetched and checked by a running policy server."""
+    prefix = f"s3://{s3_bucket}/ck"
+    times = []
+    with running_server(tiny_settings(redis_url)) as base:
+        for seed in (11, 12, 13):
+            started = time.monotonic()
+            published = _publish(store, registry, tmp_path, seed=seed, upload_to=prefix)
+            done = time.monotonic()
+            served = _first_response_of(base, published.version)
+            times.append((published.version, done - started, served - done, served - started))
+    for version, publish_s, serve_s, total_s in times:
+        print(
+            f"{version}: publish to s3 {publish_s:.2f} s, then first response {serve_s:.2f} s: "
+            f"publish -> first response {total_s:.2f} s (tiny model, LoRA, digest checked)"
+        )
+    assert all(total < 60 for *_, total in times)
