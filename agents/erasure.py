@@ -27,6 +27,7 @@ from agents.events import (
     THREAD_PREFIX,
     as_text,
 )
+from agents.threads import lock_key, thread_key
 
 SCAN_COUNT = 1000
 STREAMS = (STREAM_TRAJECTORIES, STREAM_FEEDBACK, STREAM_DEAD)
@@ -51,7 +52,7 @@ async def forget_user(client: aioredis.Redis, user_id: str) -> Erased:
     checkpoints = make_checkpointer(client)
     for thread_id in threads:
         await checkpoints.adelete_thread(thread_id)
-        await client.delete(f"{THREAD_PREFIX}:{thread_id}", f"{THREAD_PREFIX}:{thread_id}:lock")
+        await client.delete(thread_key(thread_id), lock_key(thread_id))
     memories = await _delete_matching(client, f"{MEMORY_PREFIX}:{user_id}:*")
     events = 0
     for stream in STREAMS:

@@ -14,30 +14,69 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 SCHEMA_VERSION = 1
 
 # Redis names: the public contract between the serving side and the learner.
+# A Redis Cluster runs a multi-key script or transaction only on keys of one slot, so the keys
+# written together share a hash tag (`{...}`: the only part of the name the cluster hashes):
+# the registry, the learner's lease and fence under `{policy}`; a feedback's replay marker,
+# rate windows and named-score count under the feedback stream's own name, `{arloop:feedback}`.
+# On a plain Redis a tag is part of the name and nothing more (docs/deploying.md, "Redis Cluster").
 STREAM_TRAJECTORIES = "arloop:trajectories"
 STREAM_FEEDBACK = "arloop:feedback"
 STREAM_DEAD = "arloop:dead"
 STREAM_EVAL_TRAJECTORIES = "arloop:eval:trajectories"  # gate eval runs: audited, never trained on
 EVAL_CACHE_PREFIX = "arloop:eval:cache:"  # + version: its eval outcomes by form, task, seed
-STREAM_POLICY = "arloop:policy:events"
-POLICY_PREFIX = "arloop:policy"
-POLICY_ALIASES = "arloop:policy:aliases"  # hash: alias -> version
-POLICY_VERSIONS = "arloop:policy:versions"  # sorted set: version -> creation time
+POLICY_TAG = "{policy}"  # the registry's slot: every registry write checks the learner's fence
+POLICY_PREFIX = f"arloop:policy:{POLICY_TAG}"
+STREAM_POLICY = f"{POLICY_PREFIX}:events"
+POLICY_ALIASES = f"{POLICY_PREFIX}:aliases"  # hash: alias -> version
+POLICY_VERSIONS = f"{POLICY_PREFIX}:versions"  # sorted set: version -> creation time
 POLICY_CHANNEL = "arloop:policy:changed"  # pub/sub: a version or alias moved
 LEARNER_GROUP = "learner"
-LEARNER_LEASE = "arloop:learner:lease"  # the one learner's lease: "<fencing token>|<holder>", TTL
-LEARNER_FENCE = "arloop:learner:fence"  # counter behind the lease's fencing tokens
+LEARNER_LEASE = f"arloop:learner:{POLICY_TAG}:lease"  # "<fencing token>|<holder>", TTL
+LEARNER_FENCE = f"arloop:learner:{POLICY_TAG}:fence"  # counter behind the fencing tokens
 LEARNER_STATUS = "arloop:learner:status"  # JSON the learner rewrites: streams, last round, canary
 SERVING_PREFIX = "arloop:serving"  # one key per policy server process: what it serves (TTL)
 # Serving-side keys (agent API): thread state and records, long-term memory, feedback guards.
 CHECKPOINT_PREFIX = "arloop:lg"  # LangGraph thread checkpoints (langgraph-checkpoint-plainredis)
 THREAD_PREFIX = "arloop:thread"  # hash per thread: owner, agent, policy arm; plus a run lock
 MEMORY_PREFIX = "arloop:memory"  # lists per user and task kind: reflections, facts
-FEEDBACK_SEEN_PREFIX = "arloop:feedback:seen"  # replay markers per trajectory and kind
-FEEDBACK_SCORES_PREFIX = "arloop:feedback:scores"  # named scores taken per trajectory
+FEEDBACK_TAG = "{arloop:feedback}"  # the feedback stream's slot, for what its intake writes with it
+FEEDBACK_SEEN_PREFIX = f"arloop:feedback:seen:{FEEDBACK_TAG}"  # replay markers per run and kind
+FEEDBACK_SCORES_PREFIX = f"arloop:feedback:scores:{FEEDBACK_TAG}"  # named scores taken per run
 RATE_PREFIX = "arloop:rate"  # per-user rate-limit windows
+FEEDBACK_RATE_PREFIX = f"{RATE_PREFIX}:{FEEDBACK_TAG}"  # the feedback intake's windows
 HEALTH_KEY = "arloop:health:agents"  # the agent API's /healthz writes it: does Redis take writes?
 FORGET_REQUESTS = "arloop:forget"  # hash: stored user id -> when its erasure was asked
+LEGACY_KEYS = {  # before the hash tags (0.x): `learner.policy.registry.migrate_legacy_keys`
+    "arloop:policy:aliases": POLICY_ALIASES,
+    "arloop:policy:versions": POLICY_VERSIONS,
+    "arloop:policy:events": STREAM_POLICY,
+    "arloop:policy:seq": f"{POLICY_PREFIX}:seq",
+    "arloop:learner:fence": LEARNER_FENCE,
+    "arloop:learner:lease": LEARNER_LEASE,
+}
+LEGACY_VERSION_PREFIX = "arloop:policy:v:"  # + version: a registry hash before the hash tags
+LEGACY_SEEN_PREFIX = "arloop:feedback:seen"  # replay markers before the hash tags (TTL)
+
+
+def hash_tag(name: str) -> str:
+    """The part of a key name Redis Cluster hashes to pick its slot (its `{tag}`, else all of it)."""
+    start = name.find("{")
+    end = name.find("}", start + 1) if start >= 0 else -1
+    return name[start + 1 : end] if end > start + 1 else name
+
+
+def in_slot_of(anchor: str, prefix: str, rest: str) -> str:
+    """`prefix:{tag}:rest`, a key name in `anchor`'s cluster slot (ACL patterns on `prefix:*`
+    still match it)."""
+    tag = hash_tag(anchor)
+    if "}" in tag:
+        raise ValueError(f"{anchor!r} has a '}}' outside a hash tag: no key can share its slot")
+    return f"{prefix}:{{{tag}}}:{rest}"
+
+
+def is_cluster(client: Any) -> bool:
+    """Whether `client` is redis-py's Redis Cluster client (sync or asyncio)."""
+    return type(client).__module__ in ("redis.cluster", "redis.asyncio.cluster")
 
 
 def policy_version_key(version: str) -> str:

@@ -23,9 +23,10 @@ import redis.asyncio as aioredis
 
 from agents.errors import ArloopError
 from agents.events import (
+    FEEDBACK_RATE_PREFIX,
     FEEDBACK_SCORES_PREFIX,
     FEEDBACK_SEEN_PREFIX,
-    RATE_PREFIX,
+    LEGACY_SEEN_PREFIX,
     STREAM_FEEDBACK,
     FeedbackEvent,
     FeedbackKind,
@@ -34,6 +35,7 @@ from agents.events import (
     check_score_key,
     encode,
     feedback_slot,
+    is_cluster,
 )
 from agents.feedback_tokens import MAX_TOKEN_TTL_S, TokenClaims, TokenError, check_scope, verify
 
@@ -48,12 +50,14 @@ ScoreRule = Callable[[str | None, str, float], float | None]
 """(agent, key, score) -> reward in [-1, 1] or None: the served packs' `score_reward`."""
 
 # KEYS: the user's rate window, replay marker, stream, the credential's rate window, the run's
-# count of named scores.
+# count of named scores (all in the stream's cluster slot, `agents.events.FEEDBACK_TAG`), then on
+# a plain Redis the marker's name before the hash tags (honoured until it expires).
 # ARGV: user limit, window s, marker ttl s, marker value (event id|nonce), credential limit
 # (0: none), named scores a run may take (0: not a named score), the stream's MAXLEN ~ (0: none),
 # then the stream entry's field/value pairs.
 _ACCEPT = """
 local seen = redis.call('GET', KEYS[2])
+if not seen and KEYS[6] then seen = redis.call('GET', KEYS[6]) end
 if seen == ARGV[4] then return {'again', seen} end
 local n = redis.call('INCR', KEYS[1])
 if n == 1 then redis.call('EXPIRE', KEYS[1], ARGV[2]) end
@@ -147,6 +151,7 @@ class FeedbackIntake:
         self.scrub = scrub  # a correction's text is user text: PHI scrubbed before Redis
         self.score_reward = score_reward  # None: named scores are kept but not learned from
         self._accept = client.register_script(_ACCEPT)
+        self._cluster = is_cluster(client)
 
     async def accept(self, sub: FeedbackSubmission) -> str:
         """The event id of the accepted feedback; FeedbackRejected says why not."""
@@ -201,12 +206,14 @@ class FeedbackIntake:
         now = self.clock()
         window = int(now // 60)
         keys = [
-            f"{RATE_PREFIX}:feedback:{claims.user_id}:{window}",
+            f"{FEEDBACK_RATE_PREFIX}:feedback:{claims.user_id}:{window}",
             f"{FEEDBACK_SEEN_PREFIX}:{event.trajectory_id}:{event.slot}",
             STREAM_FEEDBACK,
-            f"{RATE_PREFIX}:feedback-key:{event.credential}:{window}",
+            f"{FEEDBACK_RATE_PREFIX}:feedback-key:{event.credential}:{window}",
             f"{FEEDBACK_SCORES_PREFIX}:{event.trajectory_id}",
         ]
+        if not self._cluster:
+            keys.append(f"{LEGACY_SEEN_PREFIX}:{event.trajectory_id}:{event.slot}")
         marker = f"{event.event_id}|{secrets.token_hex(8)}"
         fields = [x for pair in encode(event).items() for x in pair]
         ttl = marker_ttl(claims, now)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import redis.asyncio as aioredis
 
 from agents.errors import ArloopError
-from agents.events import POLICY_ALIASES, THREAD_PREFIX, as_text
+from agents.events import POLICY_ALIASES, THREAD_PREFIX, as_text, in_slot_of
 
 CHAMPION, CANDIDATE = "champion", "candidate"
 
@@ -48,6 +48,16 @@ _RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
 """
+
+
+def thread_key(thread_id: str) -> str:
+    """A thread's record: owner, agent, policy arm."""
+    return f"{THREAD_PREFIX}:{thread_id}"
+
+
+def lock_key(thread_id: str) -> str:
+    """The thread's run lock, in its record's cluster slot (both are written by one script)."""
+    return in_slot_of(thread_key(thread_id), THREAD_PREFIX, "lock")
 
 
 class ThreadError(ArloopError):
@@ -85,7 +95,7 @@ class Threads:
         self._release = client.register_script(_RELEASE)
 
     def key(self, thread_id: str) -> str:
-        return f"{THREAD_PREFIX}:{thread_id}"
+        return thread_key(thread_id)
 
     async def open(self, thread_id: str, user_id: str, agent: str) -> ThreadLease:
         """Hold the thread for a run; ThreadError when it is another's, or busy."""
@@ -102,7 +112,9 @@ class Threads:
             time.time(),
             int(await self.client.hexists(POLICY_ALIASES, CANDIDATE)),
         ]
-        first, second = (as_text(v) for v in await self._open(keys=[key, f"{key}:lock"], args=args))
+        first, second = (
+            as_text(v) for v in await self._open(keys=[key, lock_key(thread_id)], args=args)
+        )
         if first == "forbidden":
             raise ThreadError(
                 403, f"thread {thread_id!r} belongs to another user; omit thread_id for a new one"
@@ -120,7 +132,7 @@ class Threads:
         return ThreadLease(thread_id, first, second == "1", token)
 
     async def close(self, lease: ThreadLease) -> None:
-        await self._release(keys=[f"{self.key(lease.thread_id)}:lock"], args=[lease.token])
+        await self._release(keys=[lock_key(lease.thread_id)], args=[lease.token])
 
     async def record(self, thread_id: str) -> dict[str, str] | None:
         """The thread's record (user, agent, arm, created_at), None when there is none."""

@@ -29,6 +29,7 @@ from deploy.embedded_redis import RedisUnavailable, ensure_redis
 from deploy.learn.settings import LearnerSettings
 from deploy.settings_errors import explain
 from learner.gate.release import ReleaseError, end_canary, promote, rollback
+from learner.policy.legacy_keys import migrate_legacy_keys
 from learner.policy.registry import (
     CANDIDATE,
     CHAMPION,
@@ -50,7 +51,9 @@ def actor() -> str:
 
 def open_registry(settings: LearnerSettings) -> tuple[PolicyRegistry, str]:
     url = ensure_redis(settings.redis_url, settings.data_dir)
-    return PolicyRegistry(redis.Redis.from_url(url, **settings.redis_options(url))), url
+    client = settings.redis_client(url)
+    migrate_legacy_keys(client)
+    return PolicyRegistry(client), url
 
 
 def versions_table(registry: PolicyRegistry) -> Table:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import re
 
-import redis.asyncio as aioredis
 from rich.console import Console
 
 from agents.erasure import Erased, forget_user
@@ -40,7 +39,7 @@ def main(user: str, tenant: str) -> int:
 
 
 async def _forget(url: str, settings: AgentApiSettings, stored: str) -> Erased:
-    client = aioredis.from_url(url, **settings.redis_options(url, asyncio=True))
+    client = settings.async_redis(url)
     try:
         return await forget_user(client, stored)
     finally:

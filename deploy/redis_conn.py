@@ -5,14 +5,21 @@ retry at all before 6.0): a pooled connection idle longer than `redis_health_che
 PINGed before use, and a command that meets a connection error or a timeout (a restarted or
 failed-over Redis, a connection it dropped) is retried on a fresh connection with exponential
 backoff and jitter, `redis_retries` times, before the caller sees the error.
+
+With `redis_cluster` every client is redis-py's cluster client on the URL's node (any node of
+the cluster: it learns the others and follows MOVED/ASK). `check_url` turns a setting that
+cannot work into one line naming the fix, rather than a traceback at the first command.
 """
 
 from __future__ import annotations
 
 from typing import Any, Protocol
+from urllib.parse import urlsplit
 
 import redis
 import redis.asyncio as aioredis
+import redis.asyncio.cluster as aiocluster
+import redis.cluster
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.exceptions import BusyLoadingError, ConnectionError, TimeoutError
@@ -30,6 +37,7 @@ class RedisSettings(Protocol):
     redis_ca_cert: Any
     redis_health_check_s: float
     redis_retries: int
+    redis_cluster: bool
 
 
 def options(s: RedisSettings, url: str, *, asyncio: bool = False) -> dict[str, Any]:
@@ -51,11 +59,60 @@ def options(s: RedisSettings, url: str, *, asyncio: bool = False) -> dict[str, A
     return out
 
 
+CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster", "redis-cluster", "cluster")
+
+
+def check_url(url: str, cluster: bool) -> str | None:
+    """Why `url` cannot work with `cluster` mode, with the fix; None when it can."""
+    scheme = url.split("://", 1)[0].lower() if "://" in url else ""
+    if scheme in CLUSTER_SCHEMES:
+        plain = "rediss" if scheme.startswith("rediss") else "redis"
+        return (
+            f"ARLOOP_REDIS_URL: redis-py has no {scheme}:// scheme; give any node of the cluster "
+            f"as {plain}://host:port and set ARLOOP_REDIS_CLUSTER=true"
+        )
+    if cluster and url.startswith("unix://"):
+        return "ARLOOP_REDIS_CLUSTER=true needs a redis:// or rediss:// URL (a cluster node)"
+    db = urlsplit(url).path.strip("/")
+    if cluster and db not in ("", "0"):
+        return f"ARLOOP_REDIS_URL: a Redis Cluster has only database 0 (drop the /{db})"
+    return None
+
+
 def sync_client(url: str, s: RedisSettings, **extra: Any) -> redis.Redis:
-    """A blocking client for `url` with the settings' credentials, TLS, checks and retries."""
+    """A blocking client for `url` with the settings' credentials, TLS, checks and retries
+    (a cluster client with `redis_cluster`)."""
+    if s.redis_cluster:
+        return redis.cluster.RedisCluster.from_url(url, **(options(s, url) | extra))  # type: ignore[return-value]
     return redis.Redis.from_url(url, **(options(s, url) | extra))
 
 
 def async_client(url: str, s: RedisSettings, **extra: Any) -> aioredis.Redis:
     """The asyncio twin of `sync_client`."""
+    if s.redis_cluster:
+        kw = options(s, url, asyncio=True) | extra
+        return aiocluster.RedisCluster.from_url(url, **kw)  # type: ignore[return-value]
     return aioredis.from_url(url, **(options(s, url, asyncio=True) | extra))
+
+
+def cluster_mismatch(client: Any, cluster: bool) -> str | None:
+    """Why the server behind a connected sync `client` does not match `cluster` mode; None when
+    it does (asks the server's INFO)."""
+    enabled = bool(int(_info(client).get("cluster_enabled", 0)))
+    if cluster and not enabled:
+        return (
+            "ARLOOP_REDIS_CLUSTER=true but the Redis at ARLOOP_REDIS_URL is not a cluster "
+            "(cluster_enabled:0): unset ARLOOP_REDIS_CLUSTER, or point the URL at a cluster node"
+        )
+    if enabled and not cluster:
+        return (
+            "the Redis at ARLOOP_REDIS_URL is a cluster node: set ARLOOP_REDIS_CLUSTER=true "
+            "(a plain client would fail on the first key another node holds, with MOVED)"
+        )
+    return None
+
+
+def _info(client: Any) -> dict[str, Any]:
+    if isinstance(client, redis.cluster.RedisCluster):
+        return client.info("cluster", target_nodes=redis.cluster.RedisCluster.RANDOM)
+    return client.info("cluster")

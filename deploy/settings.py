@@ -98,6 +98,10 @@ class CommonSettings(BaseSettings):
     redis_retries: int = Field(3, ge=0)
     """Retries of a Redis command after a connection error or timeout (a restart, a failover),
     on a fresh connection, with exponential backoff."""
+    redis_cluster: bool = False
+    """`ARLOOP_REDIS_URL` is a node of a Redis Cluster (any node): every client is redis-py's
+    cluster client (docs/deploying.md, "Redis Cluster"); needs a `redis://` URL, no embedded
+    server."""
     data_dir: Path = Path(".arloop")
     """Where the embedded Redis, the learner's store, checkpoints and reports live."""
     log_level: str = "INFO"
@@ -107,6 +111,18 @@ class CommonSettings(BaseSettings):
     otlp_endpoint: str | None = None
     """OTLP/HTTP traces endpoint (e.g. `http://127.0.0.1:4318/v1/traces`): spans around graph
     nodes, tool and model calls go there (needs `arloop[otel]`); unset: none are exported."""
+
+    @model_validator(mode="after")
+    def _redis_url_fits_the_mode(self) -> CommonSettings:
+        if self.redis_cluster and not self.redis_url:
+            raise ValueError(
+                "ARLOOP_REDIS_CLUSTER=true needs ARLOOP_REDIS_URL, a node of the cluster "
+                "(redis://host:port): the embedded Redis is not a cluster"
+            )
+        why = redis_conn.check_url(self.redis_url or "", self.redis_cluster)
+        if why:
+            raise ValueError(why)
+        return self
 
     @model_validator(mode="after")
     def _redis_with_credentials_in_production(self) -> CommonSettings:
@@ -149,6 +165,14 @@ class CommonSettings(BaseSettings):
         """redis-py client arguments: credentials, TLS, health checks, retries (`asyncio`:
         for a `redis.asyncio` client)."""
         return redis_conn.options(self, url, asyncio=asyncio)
+
+    def redis_client(self, url: str, **extra: Any) -> Any:
+        """A blocking Redis client for `url` (a cluster client with `redis_cluster`)."""
+        return redis_conn.sync_client(url, self, **extra)
+
+    def async_redis(self, url: str, **extra: Any) -> Any:
+        """An asyncio Redis client for `url` (a cluster client with `redis_cluster`)."""
+        return redis_conn.async_client(url, self, **extra)
 
     @classmethod
     def settings_customise_sources(

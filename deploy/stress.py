@@ -104,7 +104,7 @@ def main(agent: str | None = None) -> int:
     url = ensure_redis(settings.redis_url, settings.data_dir)
 
     async def go() -> list[TrajectoryEvent]:
-        client = aioredis.from_url(url, **settings.redis_options(url, asyncio=True))
+        client = settings.async_redis(url)
         try:
             return await run_stress(client, specs, settings.policy_config())
         finally:

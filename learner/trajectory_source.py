@@ -26,6 +26,7 @@ from agents.events import (
     TrajectoryEvent,
     as_text,
     decode,
+    is_cluster,
 )
 from learner.crashpoints import crash_point
 from learner.store import Store
@@ -134,6 +135,17 @@ class TrajectorySource:
         return entries, all(n < self.count for n in per_stream)
 
     def _readgroup(self, streams: dict[str, str], block: int | None) -> list[Entry]:
+        if is_cluster(self.r):  # the streams live in other slots: one read each, the last blocks
+            entries: list[Entry] = []
+            for i, (stream, start) in enumerate(streams.items()):
+                last = i == len(streams) - 1
+                entries += self._readgroup_one(
+                    {stream: start}, None if entries or not last else block
+                )
+            return entries
+        return self._readgroup_one(streams, block)
+
+    def _readgroup_one(self, streams: dict[str, str], block: int | None) -> list[Entry]:
         reply = self.r.xreadgroup(
             LEARNER_GROUP, self.consumer, streams, count=self.count, block=block
         )
@@ -220,6 +232,10 @@ class TrajectorySource:
             "dead_deliveries": str(entry.deliveries),
             "dead_at": f"{time.time():.3f}",
         }
+        if is_cluster(self.r):  # the dead-letter stream is in another slot: copy, then ack (a
+            self.r.xadd(STREAM_DEAD, fields)  # crash between leaves the entry pending, to be
+            self.r.xack(entry.stream, LEARNER_GROUP, entry.entry_id)  # copied again, same dead_id)
+            return
         pipe = self.r.pipeline(transaction=True)
         pipe.xadd(STREAM_DEAD, fields)
         pipe.xack(entry.stream, LEARNER_GROUP, entry.entry_id)

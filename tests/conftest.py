@@ -18,6 +18,7 @@ import torch
 
 from deploy.embedded_redis import RedisProcess, start_redis
 from tests.model_cache import model_cache  # noqa: F401 - autouse: a private model cache
+from tests.redis_cluster import cluster_url, redis_cluster  # noqa: F401 - a real Redis Cluster
 
 # Tests that train or generate give the same floats every run: one intra-op thread (its sums
 # do not depend on how the machine's cores are shared) and deterministic kernels.

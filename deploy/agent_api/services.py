@@ -60,9 +60,7 @@ def open_services(
         "socket_timeout": settings.redis_timeout_s,
         "socket_connect_timeout": min(2.0, settings.redis_timeout_s),
     }
-    client = aioredis.from_url(
-        redis_url, **settings.redis_options(redis_url, asyncio=True), **timeouts
-    )
+    client = settings.async_redis(redis_url, **timeouts)
     runtime = AgentRuntime.on_redis(
         client,
         specs,
@@ -98,7 +96,7 @@ def open_services(
         max_entries=settings.stream_max_entries,
         rng=rng,
     )
-    reader = redis.Redis.from_url(redis_url, **settings.redis_options(redis_url), **timeouts)
+    reader = settings.redis_client(redis_url, **timeouts)
     return Services(
         settings,
         client,

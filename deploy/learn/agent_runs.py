@@ -16,9 +16,10 @@ fails closed.
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -268,6 +269,7 @@ def agent_suite(
     solved_at: float = 1.0,
     progress: Progress | None = None,
     redis_options: dict[str, Any] | None = None,
+    connect: Callable[..., aioredis.Redis] | None = None,
 ) -> Suite:
     """The packs' held-out pools, run through the agent graph at `temperature`. A team's
     agent without an eval suite (`Pack.run`, no tasks or verifier) is learned from feedback
@@ -282,6 +284,7 @@ def agent_suite(
         concurrency,
         progress=progress,
         redis_options=redis_options or {},
+        connect=connect,
     )
     return Suite("+".join(p.name for p in packs), agents.pool, runs, temperature, unjudged)
 
@@ -332,6 +335,7 @@ def gate_runner(
         solved_at=s.gate.solved_at,
         progress=progress,
         redis_options=s.redis_options(redis_url, asyncio=True),
+        connect=functools.partial(s.async_redis, redis_url),
     )
     return GateRunner(
         registry,

@@ -32,6 +32,7 @@ from deploy.learn.round_line import summary_line
 from deploy.learn.settings import LearnerSettings
 from deploy.learn.trackers import Trackers, TrackerUnavailable
 from deploy.logs import log_context
+from learner.policy.legacy_keys import migrate_legacy_keys
 from learner.policy.registry import CANDIDATE, CHAMPION, PolicyRegistry
 from learner.publish import recover
 from learner.rounds import RoundAborted, RoundResult, run_round
@@ -51,7 +52,8 @@ class Learner:
         self.s = settings
         self.console = console or Console()
         self.redis_url = ensure_redis(settings.redis_url, settings.data_dir)
-        self.redis = redis.Redis.from_url(self.redis_url, **settings.redis_options(self.redis_url))
+        self.redis = settings.redis_client(self.redis_url)
+        migrate_legacy_keys(self.redis)  # a registry from before the hash tags (plain Redis)
         self.store = Store(Path(settings.data_dir) / "learner" / "store.db")
         self.trackers = Trackers(settings.report_to, Path(settings.data_dir))  # ARLOOP_REPORT_TO
         self.registry = PolicyRegistry(self.redis)  # fenced by the lease once it is taken

@@ -69,7 +69,7 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        redis_client = client or redis.Redis.from_url(settings.redis_url)
+        redis_client = client or settings.redis_client(settings.redis_url)
         threads = torch.get_num_threads()
         if settings.threads:
             torch.set_num_threads(settings.threads)  # process-wide: restored at shutdown
@@ -263,9 +263,7 @@ def serve() -> None:
     engine = choose_engine(settings)  # EngineUnavailable (a message, exit 2) before anything starts
     url = ensure_redis(settings.redis_url, settings.data_dir)
     # BaseModelMismatch (a message, exit 2) before serving another base than the registry's v0
-    PolicyRegistry(redis.Redis.from_url(url, **settings.redis_options(url))).ensure_base(
-        settings.base_model
-    )
+    PolicyRegistry(settings.redis_client(url)).ensure_base(settings.base_model)
     settings = settings.model_copy(update={"redis_url": url, "policy_engine": engine})
     log.info(
         "policy server on http://%s:%d/v1 (redis %s, base %s, tool format %s, engine %s)",

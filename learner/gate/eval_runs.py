@@ -96,6 +96,9 @@ class EvalRuns:
     progress: Progress | None = None
     redis_options: dict[str, Any] = field(default_factory=dict)
     """Credentials, TLS, health checks and retries of the Redis client (the settings')."""
+    connect: Callable[..., aioredis.Redis] | None = None
+    """Builds the Redis client from keyword arguments (the settings' own: a cluster client
+    where they say so); None: a plain client on `redis_url` with `redis_options`."""
     _kept: dict[str, Ran] = field(default_factory=dict, init=False, repr=False)
     """Whole runs this process made, by version and cache field: `keep` reuses them."""
 
@@ -137,10 +140,11 @@ class EvalRuns:
     async def _all(self, version, form, jobs, temperature, keep):
         """Each job's result; jobs with the same cache field (a greedy agent's k samples)
         run once."""
-        client = aioredis.from_url(
-            self.redis_url,
-            **(self.redis_options | {"socket_connect_timeout": 30, "socket_timeout": 60}),
-        )
+        timeouts = {"socket_connect_timeout": 30, "socket_timeout": 60}
+        if self.connect is not None:
+            client = self.connect(**timeouts)
+        else:
+            client = aioredis.from_url(self.redis_url, **(self.redis_options | timeouts))
         try:
             key = EVAL_CACHE_PREFIX + version
             # a job without a seed is greedy (an agent that samples greedily, or temperature 0)

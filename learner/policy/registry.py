@@ -1,6 +1,6 @@
 """The policy registry in Redis: versions, their checkpoints, and the aliases that serving follows.
 
-Layout (all under `arloop:policy:`):
+Layout (all under `arloop:policy:{policy}:`, one Redis Cluster slot with the learner's lease):
   seq                 counter behind version names v1, v2, ...
   v:{version}         hash: one version's record (see PolicyVersion)
   versions            sorted set: version -> creation time

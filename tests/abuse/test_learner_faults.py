@@ -21,7 +21,7 @@ import pytest
 import redis
 from rich.console import Console
 
-from agents.events import STREAM_POLICY, RegistryRewound, decode
+from agents.events import LEARNER_LEASE, STREAM_POLICY, RegistryRewound, decode
 from deploy.embedded_redis import free_port, start_redis
 from deploy.learn.metrics import serve_metrics
 from deploy.learn.runner import Learner
@@ -203,7 +203,7 @@ def test_a_stale_learner_is_fenced_out_of_the_registry(redis_url, redis_client, 
     learner.start(once=True)
     while not learner.poll():  # the events are in its store
         pass
-    redis_client.set("arloop:learner:lease", "99|learner-1@elsewhere:1", px=30_000)
+    redis_client.set(LEARNER_LEASE, "99|learner-1@elsewhere:1", px=30_000)
     try:
         assert not learner._round()
         assert "lease is gone (now held by learner-1@elsewhere:1)" in out.getvalue()

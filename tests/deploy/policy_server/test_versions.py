@@ -11,6 +11,7 @@ import httpx
 import pytest
 import torch
 
+from agents.events import POLICY_ALIASES
 from deploy.policy_server.versions import VersionManager, in_own_thread
 from learner.logprobs import completion_logprobs
 from learner.policy.models import load_version
@@ -225,7 +226,7 @@ def test_a_missed_notice_is_caught_by_the_periodic_check(engine, redis_client, r
     registry = PolicyRegistry(redis_client)
     with running_server(tiny_settings(redis_url, policy_engine=engine, reload_poll_s=0.3)) as base:
         name = publish(registry, "lora", make_lora(tmp_path / "x", seed=5), champion=False)
-        redis_client.hset("arloop:policy:aliases", CHAMPION, name)  # no pub/sub notice
+        redis_client.hset(POLICY_ALIASES, CHAMPION, name)  # no pub/sub notice
         _wait_for(lambda: _ask(base).json()["system_fingerprint"] == name, what="the poll")
 
 

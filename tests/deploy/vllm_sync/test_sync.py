@@ -10,6 +10,7 @@ from starlette.applications import Starlette
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
+from agents.events import POLICY_ALIASES
 from deploy.policy_server.heartbeat import checkpoint_digest
 from deploy.vllm_sync.check import delivery_check
 from deploy.vllm_sync.record import read_record
@@ -289,7 +290,7 @@ def test_the_sync_runs_as_its_own_redis_user_of_the_shipped_acl(world, tmp_path)
         as_agents = redis.Redis.from_url(url("agents"))
         assert read_record(as_agents, "arloop").routes == record.routes  # agents may read it
         with pytest.raises(redis.exceptions.NoPermissionError):
-            as_sync.hset("arloop:policy:aliases", "champion", "v0")  # but never move an alias
+            as_sync.hset(POLICY_ALIASES, "champion", "v0")  # but never move an alias
         for client in (learner, as_sync, as_agents):
             client.close()
     finally:
@@ -299,7 +300,7 @@ def test_the_sync_runs_as_its_own_redis_user_of_the_shipped_acl(world, tmp_path)
 def test_an_alias_naming_a_missing_version_or_a_foreign_server_never_stops_the_sync(world):
     v1 = world.publish(seed=1)
     world.sync.step()
-    world.sync.client.hset("arloop:policy:aliases", "candidate", "v99")  # a rewound registry
+    world.sync.client.hset(POLICY_ALIASES, "candidate", "v99")  # a rewound registry
     record = world.sync.step()
     assert record.routes[CHAMPION] == world.adapter(v1) and "candidate v99" in record.problems[0]
     world.server.stop()
