@@ -110,7 +110,12 @@ def test_broken_checkpoints_raise_checkpoint_error(tmp_path, make, kind, needle)
         load_version(_record(folder.as_uri(), kind), cache_dir=MODEL_CACHE)
 
 
-@pytest.mark.parametrize("uri", ["s3://bucket/v1", "file://relative/v1", "/abs/no/scheme"])
+@pytest.mark.parametrize("uri", ["gs://bucket/v1", "file://relative/v1", "/abs/no/scheme"])
 def test_unsupported_uris_are_refused(uri):
     with pytest.raises(CheckpointError, match="URI"):
         load_version(_record(uri, "lora"), cache_dir=MODEL_CACHE)
+
+
+def test_an_s3_checkpoint_without_a_recorded_digest_is_refused_unfetched():
+    with pytest.raises(CheckpointError, match="no digest in the registry"):
+        load_version(_record("s3://bucket/v1", "lora"), cache_dir=MODEL_CACHE)
