@@ -23,7 +23,7 @@ from learner.gate.guards import GuardEvidence
 from learner.gate.ope import OPEEstimate
 from learner.judge import read_source_scores
 from learner.logprobs import completion_log_softmax, make_batch, selected_logprobs
-from learner.policy.models import checkpoint_path, load_version
+from learner.policy.models import fetch_checkpoint, load_version
 from learner.policy.registry import BASE_VERSION, PolicyRegistry
 from learner.store import Store, chunks
 
@@ -148,7 +148,7 @@ def gather(
         train_gain=gain,
         source_scores={
             **{r.trajectory_id: r.sources for r in trained if r.sources},
-            **_round_source_scores(record),
+            **_round_source_scores(record, model_cache),
         },
     )
     training = {
@@ -161,9 +161,9 @@ def gather(
     return evidence, ope, training
 
 
-def _round_source_scores(record: Any) -> dict[str, dict[str, float]]:
+def _round_source_scores(record: Any, model_cache: Path) -> dict[str, dict[str, float]]:
     """Verdicts the version's round wrote beside its checkpoint: its reward model against the
     verifier on the verified replays (`learner.judge`); {} for v0 or a round without one."""
     if not record.checkpoint_uri or record.checkpoint_kind == "base":
         return {}
-    return read_source_scores(checkpoint_path(record.checkpoint_uri))
+    return read_source_scores(fetch_checkpoint(record, model_cache))  # s3://: fetched, checked

@@ -48,6 +48,8 @@ def is_remote(uri: str) -> bool:
 
 def checkpoint_path(uri: str) -> Path:
     """The absolute folder of a `file://` checkpoint URI (`s3://`: `fetch_checkpoint`)."""
+    if is_remote(uri):
+        raise CheckpointError(f"{uri} is on object storage: read it with fetch_checkpoint")
     if not uri.startswith("file://"):
         raise CheckpointError(
             f"checkpoint URI {uri!r} is neither 'base:<name>', 'file://<path>' nor 's3://...'"

@@ -17,6 +17,7 @@ from learner.policy.registry import CHAMPION, PolicyRegistry, PolicyVersion
 from tests.deploy.policy_server.support import make_lora
 from tests.fakes.fake_vllm import FakeVllm
 from tests.fakes.servers import ServerThread
+from tests.s3_server import s3_bucket, s3_endpoint  # noqa: F401 - fixtures (test_object_storage)
 
 DRAIN_S = 60.0
 

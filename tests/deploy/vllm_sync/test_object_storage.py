@@ -6,7 +6,7 @@ from __future__ import annotations
 from learner.policy.registry import CHAMPION, PolicyVersion
 from learner.policy.storage import folder_digest, upload_checkpoint
 from tests.deploy.policy_server.support import make_lora
-from tests.s3_server import s3_bucket, s3_client, s3_endpoint  # noqa: F401 - fixtures
+from tests.s3_server import s3_client
 
 
 def _publish_s3(world, bucket: str, seed: int) -> tuple[str, str]:
@@ -28,7 +28,7 @@ def test_an_s3_version_is_fetched_checked_and_loaded_from_the_local_copy(world, 
     record = world.sync.step()
     assert record.status == "ok", record.problems
     ((name, path),) = world.fake.loras.items()
-    assert path == str((world.folders / "fetched" / "checkpoints" / f"{v1}-{digest[7:23]}"))
+    assert path == str(world.folders / "fetched" / "checkpoints" / f"{v1}-{digest[7:23]}")
     assert folder_digest(path) == digest
     assert record.routes[CHAMPION] == name and record.serving[CHAMPION] == v1
     assert record.digests[v1] == digest[:23]

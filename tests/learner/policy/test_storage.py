@@ -18,7 +18,7 @@ from tests.deploy.policy_server.support import make_lora, running_server, tiny_s
 from tests.learner.learner_events import feedback, trajectory, xadd
 from tests.learner.learner_fixtures import tiny_round_plan
 from tests.model_cache import MODEL_CACHE
-from tests.s3_server import s3_bucket, s3_client, s3_endpoint  # noqa: F401 - fixtures
+from tests.s3_server import s3_client
 
 
 def _ask(base: str, model: str = "arloop") -> httpx.Response:
@@ -154,3 +154,29 @@ def test_publish_to_first_response_on_s3_with_the_digest_checked(
             f"publish -> first response {total_s:.2f} s (tiny model, LoRA, digest checked)"
         )
     assert all(total < 60 for *_, total in times)
+
+
+def test_the_gates_figures_read_an_s3_version_fetched_and_checked(
+    store, registry, s3_bucket, tmp_path
+):
+    from learner.gate.figures import gather
+
+    published = _publish(
+        store, registry, tmp_path, seed=4, promote=False, upload_to="s3://" + s3_bucket
+    )
+    shutil.rmtree(published.checkpoint)  # the gate reads the bucket, not the learner's folder
+    evidence, _, training = gather(
+        registry,
+        store,
+        published.version,
+        [],
+        max_user_share=1.0,
+        ope_runs=0,
+        min_ess=1.0,
+        model_cache=tmp_path / "cache",
+    )
+    assert evidence.source_scores == {} and training["trained_runs"] == 0
+    record = registry.get(published.version)
+    assert (
+        tmp_path / "cache" / "checkpoints" / f"{published.version}-{record.checkpoint_digest[7:23]}"
+    ).is_dir()
