@@ -180,3 +180,19 @@ def test_the_gates_figures_read_an_s3_version_fetched_and_checked(
     assert (
         tmp_path / "cache" / "checkpoints" / f"{published.version}-{record.checkpoint_digest[7:23]}"
     ).is_dir()
+
+
+def test_the_learners_setting_names_where_its_rounds_upload(tmp_path):
+    from pydantic import ValidationError
+
+    from deploy.learn.plan import round_plan
+    from deploy.learn.settings import LearnerSettings
+
+    s = LearnerSettings(
+        data_dir=tmp_path, checkpoint_uri="s3://b/arloop", eval_gate=False, _env_file=None
+    )
+    assert round_plan(s).upload_to == "s3://b/arloop"
+    plain = LearnerSettings(data_dir=tmp_path, eval_gate=False, _env_file=None)
+    assert round_plan(plain).upload_to is None
+    with pytest.raises(ValidationError, match="checkpoint_uri"):
+        LearnerSettings(data_dir=tmp_path, checkpoint_uri="/mnt/shared", _env_file=None)
