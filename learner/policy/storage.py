@@ -30,8 +30,6 @@ REQUIRED_FILES = {
 }
 """The files a checkpoint of each kind cannot load without."""
 CACHE_FOLDER = "checkpoints"
-_verified: dict[Path, str] = {}  # cached folder -> digest this process checked (once each)
-_verified_lock = threading.Lock()
 
 
 class CheckpointError(RuntimeError):
@@ -97,12 +95,11 @@ def fetch_checkpoint(record: PolicyVersion, cache_dir: Path) -> Path:
             "be checked; republish it with a learner that records one"
         )
     target = Path(cache_dir) / CACHE_FOLDER / f"{record.version}-{expected.split(':')[-1][:16]}"
-    with _verified_lock:
-        if _verified.get(target) == expected and target.is_dir():
-            return target
-    if not target.is_dir():
+    got = folder_digest(target) if target.is_dir() else None  # checked on every load
+    if got != expected:
+        shutil.rmtree(target, ignore_errors=True)  # absent, or a cached copy spoiled since
         _download(uri, target)
-    got = folder_digest(target)
+        got = folder_digest(target)
     if got != expected:
         shutil.rmtree(target, ignore_errors=True)  # the next try fetches it again
         raise DigestMismatch(
@@ -110,8 +107,6 @@ def fetch_checkpoint(record: PolicyVersion, cache_dir: Path) -> Path:
             f"recorded {expected} when it was published: the objects changed (or another "
             "upload overwrote them); refused, not served. Republish the version, or roll back"
         )
-    with _verified_lock:
-        _verified[target] = expected
     return target
 
 

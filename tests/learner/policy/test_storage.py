@@ -196,3 +196,15 @@ def test_the_learners_setting_names_where_its_rounds_upload(tmp_path):
     assert round_plan(plain).upload_to is None
     with pytest.raises(ValidationError, match="checkpoint_uri"):
         LearnerSettings(data_dir=tmp_path, checkpoint_uri="/mnt/shared", _env_file=None)
+
+
+def test_a_spoiled_cached_copy_is_fetched_again_not_served(store, registry, s3_bucket, tmp_path):
+    published = _publish(
+        store, registry, tmp_path, seed=5, promote=False, upload_to="s3://" + s3_bucket
+    )
+    record = registry.get(published.version)
+    folder = fetch_checkpoint(record, tmp_path / "cache")
+    assert folder_digest(folder) == record.checkpoint_digest
+    (folder / "adapter_model.safetensors").write_bytes(b"spoiled on the server's disk")
+    again = fetch_checkpoint(record, tmp_path / "cache")
+    assert again == folder and folder_digest(again) == record.checkpoint_digest
