@@ -208,3 +208,54 @@ def test_a_spoiled_cached_copy_is_fetched_again_not_served(store, registry, s3_b
     (folder / "adapter_model.safetensors").write_bytes(b"spoiled on the server's disk")
     again = fetch_checkpoint(record, tmp_path / "cache")
     assert again == folder and folder_digest(again) == record.checkpoint_digest
+
+
+CRASHING_PUBLISH = """
+import shutil
+import sys
+from pathlib import Path
+import redis
+import tests.model_cache
+from learner.policy.registry import PolicyRegistry
+from learner.publish import publish_version
+from tests.deploy.policy_server import support
+from tests.deploy.policy_server.support import make_lora
+from tests.learner.learner_fixtures import open_store
+
+tmp, url, prefix = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+shutil.rmtree(tests.model_cache.MODEL_CACHE)  # the session's cache, not one of its own
+support.MODEL_CACHE = Path(sys.argv[4])
+registry = PolicyRegistry(redis.Redis.from_url(url))
+publish_version(
+    open_store(tmp), registry, lambda folder: make_lora(folder, seed=6),
+    checkpoints_dir=tmp / "checkpoints", parent=registry.get("v0"), kind="lora", metrics={},
+    trained=[], let_go={}, meta={}, actor="test", upload_to=prefix,
+)
+"""
+
+
+def test_a_learner_killed_after_its_commit_registers_the_s3_version_on_restart(
+    redis_url, registry, s3_bucket, tmp_path, monkeypatch
+):
+    import subprocess
+    import sys
+
+    from learner.publish import recover
+    from tests.learner.learner_fixtures import open_store
+
+    monkeypatch.setenv("ARLOOP_CRASH_AT", "after_commit")
+    prefix = f"s3://{s3_bucket}/ck"
+    run = [sys.executable, "-c", CRASHING_PUBLISH, str(tmp_path), redis_url, prefix]
+    run.append(str(MODEL_CACHE))
+    done = subprocess.run(run, capture_output=True, text=True, timeout=120)
+    assert done.returncode == -9, done.stderr[-2000:]  # SIGKILLed at the crash point
+    assert [v.version for v in registry.versions()] == ["v0"]  # the registry never heard
+    store = open_store(tmp_path)
+    try:
+        (published,) = recover(store, registry, tmp_path / "checkpoints", "test").registered
+    finally:
+        store.close()
+    record = registry.get(published.version)
+    assert record.checkpoint_uri == f"{prefix}/{published.version}"
+    assert record.checkpoint_digest == folder_digest(tmp_path / "checkpoints" / published.version)
+    assert folder_digest(fetch_checkpoint(record, tmp_path / "cache")) == record.checkpoint_digest
