@@ -38,6 +38,8 @@ def error_boundary(
     from pydantic import ValidationError
     from pydantic_settings import SettingsError
 
+    from deploy.redis_conn import RedisModeMismatch
+
     try:
         return run()
     except (ValidationError, SettingsError) as exc:
@@ -52,6 +54,8 @@ def error_boundary(
             err=True,
         )
     except refused as exc:
+        typer.echo(f"arloop {command}: {exc}", err=True)
+    except RedisModeMismatch as exc:
         typer.echo(f"arloop {command}: {exc}", err=True)
     raise typer.Exit(2)
 

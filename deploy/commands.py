@@ -25,6 +25,7 @@ from agents.events import (
     PolicyRolledBack,
     RegistryRewound,
 )
+from deploy import redis_conn
 from deploy.embedded_redis import RedisUnavailable, ensure_redis
 from deploy.learn.settings import LearnerSettings
 from deploy.settings_errors import explain
@@ -51,6 +52,7 @@ def actor() -> str:
 
 def open_registry(settings: LearnerSettings) -> tuple[PolicyRegistry, str]:
     url = ensure_redis(settings.redis_url, settings.data_dir)
+    redis_conn.check_mode(settings.redis_url, settings)
     client = settings.redis_client(url)
     migrate_legacy_keys(client)
     return PolicyRegistry(client), url

@@ -95,6 +95,27 @@ def async_client(url: str, s: RedisSettings, **extra: Any) -> aioredis.Redis:
     return aioredis.from_url(url, **(options(s, url, asyncio=True) | extra))
 
 
+class RedisModeMismatch(RuntimeError):
+    """ARLOOP_REDIS_CLUSTER says one thing and the server at ARLOOP_REDIS_URL another."""
+
+
+def check_mode(url: str | None, s: RedisSettings) -> None:
+    """At a process's start: RedisModeMismatch naming the fix when the server at `url` is (or is
+    not) a cluster node against `redis_cluster`; a server that does not answer is left to the
+    process's own retries and health check."""
+    if not url:
+        return
+    timeouts = {"socket_connect_timeout": 2.0, "socket_timeout": 2.0}
+    plain = options(s, url) | timeouts | {"retry": None}
+    try:
+        with redis.Redis.from_url(url, **plain) as client:
+            why = cluster_mismatch(client, s.redis_cluster)
+    except redis.RedisError:
+        return
+    if why:
+        raise RedisModeMismatch(why)
+
+
 def cluster_mismatch(client: Any, cluster: bool) -> str | None:
     """Why the server behind a connected sync `client` does not match `cluster` mode; None when
     it does (asks the server's INFO)."""

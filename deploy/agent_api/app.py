@@ -27,6 +27,7 @@ from agents.packs.base import Pack
 from agents.policy_client import warm_up
 from agents.runtime import AgentSpec
 from agents.trajectory_sink import Scrub
+from deploy import redis_conn
 from deploy.agent_api.chat_completions import router as chat_router
 from deploy.agent_api.deps import CallerDep, ServicesDep
 from deploy.agent_api.errors import install_error_handlers
@@ -229,6 +230,7 @@ def serve() -> None:
     setup_logging("agent_api", settings.log_level, settings.log_format)
     setup_tracing("agent_api", settings.otlp_endpoint)
     url = ensure_redis(settings.redis_url, settings.data_dir)
+    redis_conn.check_mode(settings.redis_url, settings)  # a cluster without the cluster client
     app = create_app(settings.model_copy(update={"redis_url": url}))
     # uvloop + httptools roughly doubled an ingest endpoint's rate here; both are optional.
     fast = all(importlib.util.find_spec(m) for m in ("uvloop", "httptools"))

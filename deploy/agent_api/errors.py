@@ -62,6 +62,14 @@ async def redis_down(request: Request, exc: redis.RedisError) -> JSONResponse:
     return _answer(request, redis_refusal(exc))
 
 
+async def cluster_unreachable(request: Request, exc: Exception) -> JSONResponse:
+    """redis-py's cluster client failing outside `RedisError` (no node answers, a slot without
+    a node): the cluster is down for this process, a 503 as any Redis outage."""
+    log.warning("redis cluster failed: %s: %s", type(exc).__name__, exc)
+    reason = f"the Redis Cluster is unreachable ({type(exc).__name__}); retry shortly"
+    return _answer(request, ArloopError(503, reason, retry_after=5))
+
+
 CLUSTER_REPLIES = (
     redis_errors.AskError,  # MOVED too
     redis_errors.ClusterCrossSlotError,
@@ -83,9 +91,14 @@ REFUSALS: tuple[tuple[type[redis.RedisError], str], ...] = (
         "Redis has lost its primary: nothing was written; retry shortly",
     ),
     (
+        redis_errors.ClusterDownError,
+        "the Redis Cluster is down (a master unreachable, or slots without a node): nothing "
+        "was written; retry shortly",
+    ),
+    (
         redis_errors.ClusterError,
-        "Redis is a cluster and this node holds another part of it: this process talks to "
-        "one Redis (ARLOOP_REDIS_URL must name a standalone server)",
+        "Redis is a cluster and this node holds another part of it: set "
+        "ARLOOP_REDIS_CLUSTER=true so that this process follows the cluster",
     ),
     (redis_errors.ResponseError, ""),
 )
@@ -136,6 +149,7 @@ async def http_error(request: Request, exc: HTTPException):
 HANDLERS = (
     (ArloopError, arloop_error),
     (redis.RedisError, redis_down),
+    (redis_errors.RedisClusterException, cluster_unreachable),
     (RequestValidationError, invalid_request),
     (HTTPException, http_error),
 )

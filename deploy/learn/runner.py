@@ -22,6 +22,7 @@ from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
+from deploy import redis_conn
 from deploy.embedded_redis import RedisUnavailable, ensure_redis
 from deploy.learn import integrity
 from deploy.learn.lease import LearnerLease, LeaseHeld, holder_name
@@ -52,6 +53,7 @@ class Learner:
         self.s = settings
         self.console = console or Console()
         self.redis_url = ensure_redis(settings.redis_url, settings.data_dir)
+        redis_conn.check_mode(settings.redis_url, settings)
         self.redis = settings.redis_client(self.redis_url)
         migrate_legacy_keys(self.redis)  # a registry from before the hash tags (plain Redis)
         self.store = Store(Path(settings.data_dir) / "learner" / "store.db")

@@ -24,6 +24,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from agents.errors import ArloopError
+from deploy import redis_conn
 from deploy.body_limit import BodyLimit
 from deploy.credentials import PolicyKey
 from deploy.logs import setup_logging
@@ -262,6 +263,7 @@ def serve() -> None:
     setup_logging("policy_server", settings.log_level, settings.log_format)
     engine = choose_engine(settings)  # EngineUnavailable (a message, exit 2) before anything starts
     url = ensure_redis(settings.redis_url, settings.data_dir)
+    redis_conn.check_mode(settings.redis_url, settings)
     # BaseModelMismatch (a message, exit 2) before serving another base than the registry's v0
     PolicyRegistry(settings.redis_client(url)).ensure_base(settings.base_model)
     settings = settings.model_copy(update={"redis_url": url, "policy_engine": engine})
