@@ -15,6 +15,7 @@ import sqlite3
 import threading
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import redis
 from rich.console import Console, Group
@@ -121,9 +122,10 @@ class Learner:
             return False
         self.source.ensure_groups()
         self.registry.ensure_base(self.s.base_model)  # BaseModelMismatch: refused with the fix
-        where = self.redis.connection_pool.connection_kwargs
+        where = urlsplit(self.redis_url)
+        cluster = "cluster " if self.s.redis_cluster else ""
         self.console.print(
-            f"learning from redis {where.get('host')}:{where.get('port')} as {self.s.consumer} "
+            f"learning from redis {cluster}{where.hostname}:{where.port or 6379} as {self.s.consumer} "
             f"(base {self.s.base_model}, data {self.s.data_dir})"
         )
         self._reconcile()
