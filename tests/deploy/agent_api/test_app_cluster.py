@@ -20,7 +20,7 @@ def test_twelve_runs_and_their_feedback_on_a_cluster(start_api, llm, cluster_url
         reply = api.run(f"What is {i}+0?", user=f"u{i % 4}", thread_id=f"thread-{i % 4}")
         assert reply.status_code == 200, reply.text
         runs.append(reply.json())
-    for i, body in enumerate(runs):
+    for body in runs:
         up = api.feedback(
             trajectory_id=body["trajectory_id"],
             feedback_token=body["feedback_token"],
@@ -42,3 +42,48 @@ def test_twelve_runs_and_their_feedback_on_a_cluster(start_api, llm, cluster_url
     assert [f.trajectory_id for f in feedback] == [b["trajectory_id"] for b in runs]
     thread = api.http.get("/v1/threads/thread-1", params={"user_id": "u1"})
     assert thread.status_code == 200, thread.text
+
+
+def test_feedback_listing_and_dashboard_read_a_cluster(start_api, llm, cluster_url):
+    api = start_api(redis_url=cluster_url, redis_cluster=True)
+    runs = []
+    for i in range(3):
+        llm.push(Reply(content=f"{i}"))
+        runs.append(api.run(f"What is {i}+1?").json())
+        api.feedback(
+            trajectory_id=runs[-1]["trajectory_id"],
+            feedback_token=runs[-1]["feedback_token"],
+            kind="thumbs",
+            value=1,
+        )
+    page = api.http.get("/v1/feedback", params={"limit": 2}).json()
+    assert [i["trajectory_id"] for i in page["items"]] == [r["trajectory_id"] for r in runs[:2]]
+    rest = api.http.get("/v1/feedback", params={"cursor": page["next_cursor"]}).json()
+    assert [i["trajectory_id"] for i in rest["items"]] == [runs[2]["trajectory_id"]]
+    for path in ("/v1/dashboard", "/v1/report-card"):
+        assert api.http.get(path).status_code == 200, path
+
+
+def test_a_teams_run_over_chat_completions_on_a_cluster(start_api, llm, cluster_url):
+    """A team's run (`X-Arloop-Run`): its record and steps share the trajectory's slot."""
+    from tests.deploy.agent_api.test_chat_completions import ask, end, sdk
+
+    llm.push(Reply(content="It is 5."), Reply(content="Yes, 5."))
+    api = start_api(redis_url=cluster_url, redis_cluster=True)
+    client = sdk(api, run="job-1")
+    headers, _ = ask(client)
+    again, _ = ask(client, messages=[{"role": "user", "content": "Sure?"}])
+    trajectory_id = headers["X-Arloop-Trajectory"]
+    assert again["X-Arloop-Trajectory"] == trajectory_id
+    ended = end(api, trajectory_id, "Yes, 5.")
+    assert ended.status_code == 200 and ended.json()["steps"] == 2, ended.text
+    up = api.feedback(
+        trajectory_id=trajectory_id,
+        feedback_token=again["X-Arloop-Feedback-Token"],
+        kind="thumbs",
+        value=1,
+    )
+    assert up.status_code == 202, up.text
+    with RedisCluster.from_url(cluster_url) as c:
+        [event] = [decode(f) for _, f in c.xrange(STREAM_TRAJECTORIES)]
+    assert event.trajectory_id == trajectory_id and len(event.model_steps) == 2
