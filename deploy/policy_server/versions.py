@@ -32,6 +32,7 @@ from learner.policy.registry import (
     UnknownVersion,
     VersionStatus,
 )
+from learner.policy.storage import FetchFailed
 
 log = logging.getLogger(__name__)
 ALIASES = (CHAMPION, CANDIDATE)
@@ -88,6 +89,7 @@ class VersionManager:
         self.on_beat = on_beat
         """Hears (aliases served, digest per loaded version) after every sync: the heartbeat."""
         self._failed: set[str] = set()
+        self._unfetched: dict[str, str] = {}  # version -> why object storage did not give it
         self._problems: dict[str, str] = {}  # alias -> why the registry's target is not served
         self.notices: list[str] = []  # what an operator should know (a rewound registry)
         self._in_memory: set[int] = set()  # ids of policies whose weights are held, retired too
@@ -142,9 +144,7 @@ class VersionManager:
         if record.status is VersionStatus.BROKEN:
             raise VersionUnavailable(f"version {name} is broken: {record.error}")
         if self._ensure_loaded(name, on_demand=True) is None:
-            raise VersionUnavailable(
-                f"version {name} failed to load: {self.registry.get(name).error}"
-            )
+            raise VersionUnavailable(f"version {name} failed to load: {self._error_of(name)}")
         policy = self.pin_loaded(name)
         if policy is None:
             raise VersionUnavailable(f"version {name} was unloaded while loading; retry")
@@ -215,6 +215,8 @@ class VersionManager:
         self.notices = (self.notices + [notice])[-5:]
 
     def _error_of(self, version: str) -> str:
+        if version in self._unfetched:
+            return self._unfetched[version]
         try:
             return self.registry.get(version).error or "load failed"
         except (UnknownVersion, redis.RedisError):
@@ -277,10 +279,15 @@ class VersionManager:
             started = time.monotonic()
             model, tokenizer = in_own_thread(self.loader, record)
             digest = checkpoint_digest(record)
+        except FetchFailed as exc:  # object storage down or denied: nothing known against it
+            log.warning("version %s not fetched, tried again at the next sync: %s", version, exc)
+            self._unfetched[version] = str(exc)
+            return None
         except Exception as exc:  # noqa: BLE001 - any bad checkpoint must leave serving as it was
             self._mark_broken(version, exc)
             return None
         policy = LoadedPolicy(version, model, tokenizer, self._context(model), on_demand=on_demand)
+        self._unfetched.pop(version, None)
         with self._lock:
             self._loaded[version] = policy
             self._digests[version] = digest

@@ -40,6 +40,11 @@ class DigestMismatch(CheckpointError):
     """A fetched checkpoint is not the one the registry recorded: refused, never served."""
 
 
+class FetchFailed(CheckpointError):
+    """Object storage did not give the checkpoint (unreachable, denied, nothing there yet):
+    nothing was judged about the version, so a server tries again rather than marking it broken."""
+
+
 def is_remote(uri: str) -> bool:
     return uri.startswith(S3)
 
@@ -98,7 +103,15 @@ def fetch_checkpoint(record: PolicyVersion, cache_dir: Path) -> Path:
     got = folder_digest(target) if target.is_dir() else None  # checked on every load
     if got != expected:
         shutil.rmtree(target, ignore_errors=True)  # absent, or a cached copy spoiled since
-        _download(uri, target)
+        try:
+            _download(uri, target)
+        except FetchFailed:
+            raise
+        except Exception as exc:  # botocore: no endpoint, denied, no such bucket, ...
+            raise FetchFailed(
+                f"cannot fetch {record.version} from {uri}: {exc}. Check AWS_ENDPOINT_URL and "
+                "the credentials; tried again at the next sync"
+            ) from exc
         got = folder_digest(target)
     if got != expected:
         shutil.rmtree(target, ignore_errors=True)  # the next try fetches it again
@@ -132,7 +145,7 @@ def _download(uri: str, target: Path) -> None:
     bucket, key = _split(uri)
     names = _list(uri)
     if not names:
-        raise CheckpointError(f"no objects under {uri}")
+        raise FetchFailed(f"no objects under {uri}; tried again at the next sync")
     partial = target.with_name(f"{target.name}.partial-{os.getpid()}-{threading.get_ident()}")
     shutil.rmtree(partial, ignore_errors=True)
     s3 = _client()

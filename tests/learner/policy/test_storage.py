@@ -259,3 +259,29 @@ def test_a_learner_killed_after_its_commit_registers_the_s3_version_on_restart(
     assert record.checkpoint_uri == f"{prefix}/{published.version}"
     assert record.checkpoint_digest == folder_digest(tmp_path / "checkpoints" / published.version)
     assert folder_digest(fetch_checkpoint(record, tmp_path / "cache")) == record.checkpoint_digest
+
+
+def test_an_unreachable_store_is_tried_again_not_marked_broken(
+    redis_url, store, registry, s3_bucket, s3_endpoint, tmp_path, monkeypatch
+):
+    from deploy.embedded_redis import free_port
+
+    published = _publish(
+        store, registry, tmp_path, seed=7, promote=False, upload_to="s3://" + s3_bucket
+    )
+    version = published.version
+    with running_server(tiny_settings(redis_url)) as base:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")  # store down
+        monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
+        registry.promote(version, expect="v0", reason="test", actor="test")
+        deadline = time.monotonic() + 60
+        while not any("cannot fetch" in p for p in _health(base)["problems"]):
+            assert time.monotonic() < deadline, _health(base)
+            time.sleep(0.05)
+        (problem,) = _health(base)["problems"]
+        assert f"cannot fetch {version}" in problem and "serving v0 instead" in problem
+        assert registry.get(version).status is not VersionStatus.BROKEN
+        assert _ask(base).json()["system_fingerprint"] == "v0"
+        monkeypatch.setenv("AWS_ENDPOINT_URL", s3_endpoint)  # back: the next sync serves it
+        _first_response_of(base, version)
+    assert registry.get(version).status is not VersionStatus.BROKEN
