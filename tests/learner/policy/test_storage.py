@@ -285,3 +285,14 @@ def test_an_unreachable_store_is_tried_again_not_marked_broken(
         monkeypatch.setenv("AWS_ENDPOINT_URL", s3_endpoint)  # back: the next sync serves it
         _first_response_of(base, version)
     assert registry.get(version).status is not VersionStatus.BROKEN
+
+
+def test_a_failed_upload_publishes_nothing(store, registry, s3_bucket, tmp_path, monkeypatch):
+    from learner.publish import CheckpointWriteError
+
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
+    with pytest.raises(CheckpointWriteError, match="cannot upload checkpoint v1 to s3://no-such"):
+        _publish(store, registry, tmp_path, seed=8, upload_to="s3://no-such-bucket/ck")
+    assert [v.version for v in registry.versions()] == ["v0"]
+    assert store.committed_versions() == [] and store.ledger() == {}
+    assert list((tmp_path / "checkpoints").iterdir()) == []  # no folder a ledger row lacks
