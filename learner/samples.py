@@ -173,11 +173,17 @@ def corrected_step(episode: Episode) -> tuple[str, ModelStep] | None:
 
 def reads_tool_output(trajectory: TrajectoryEvent, step: ModelStep) -> bool:
     """Whether a tool's output was in the step's prompt: a tool step came before it, or (a
-    team's agent that runs its own tools, `/v1/chat/completions`) its messages hold a `tool`
-    turn."""
-    return any(t.index < step.index for t in trajectory.tool_steps) or any(
-        m.get("role") == "tool" for m in step.messages
-    )
+    team's agent that runs its own tools, `/v1/chat/completions`) its messages hold more `tool`
+    turns than the run's first call did. The first call's are the prompt's own (few-shot
+    examples, an earlier conversation), not an output this run produced."""
+    if any(t.index < step.index for t in trajectory.tool_steps):
+        return True
+    first = trajectory.model_steps[0] if trajectory.model_steps else step
+    return _tool_turns(step.messages) > _tool_turns(first.messages)
+
+
+def _tool_turns(messages: Sequence[dict]) -> int:
+    return sum(1 for m in messages if m.get("role") == "tool")
 
 
 def preference_pair(

@@ -92,8 +92,8 @@ REFUSALS: tuple[tuple[type[redis.RedisError], str], ...] = (
     ),
     (
         redis_errors.ClusterDownError,
-        "the Redis Cluster is down (a master unreachable, or slots without a node): nothing "
-        "was written; retry shortly",
+        "the Redis cluster is down (a master unreachable, or slots without a node; a node of "
+        "a cluster needs ARLOOP_REDIS_CLUSTER=true): nothing was written; retry shortly",
     ),
     (
         redis_errors.ClusterError,

@@ -9,6 +9,7 @@ from learner.samples import (
     build_training_data,
     group_key,
     judged_only,
+    reads_tool_output,
     restated_pairs,
     sample_advantages,
 )
@@ -295,3 +296,24 @@ def test_a_team_agents_turn_after_its_own_tool_output_reads_it():
     assert credited_turns(episode) == {0}  # the answer turn read the tool: not credited
     data = _build([episode])
     assert data.pairs == [] and data.skipped_corrections == 1  # no pair against the tool
+
+
+def test_tool_turns_a_prompt_starts_with_are_not_an_output_of_the_run():
+    """Few-shot examples (the packs' `EXAMPLE`: a call, its tool result, the answer) put a
+    `tool` message in every call's prompt; only one the run itself added means a turn read a
+    tool's output. Was: every turn of a pack with such an example counted as after a tool,
+    so a round with `train_after_tool` off credited nothing and `arloop demo --quick` waited
+    for a round that never came."""
+    from learner.rounds import credited_turns
+
+    example = [
+        {"role": "user", "content": "What is 1+1?"},
+        {"role": "tool", "tool_call_id": "e1", "content": "2"},
+        {"role": "assistant", "content": "#### 2"},
+    ]
+    t = trajectory()
+    [step] = t.model_steps
+    step = step.model_copy(update={"messages": [*example, *step.messages]})
+    alone = t.model_copy(update={"steps": [step]})
+    assert not reads_tool_output(alone, step)
+    assert credited_turns(Episode(alone, (feedback(alone.event_id, "thumbs", -1),))) == {0}
