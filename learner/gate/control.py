@@ -118,13 +118,14 @@ class ReleaseControl:
         self.print(f"gating {version} against the champion ...")
         try:
             report = self.gate.evaluate(version)
-        except Exception as exc:
+        except Exception as exc:  # Redis itself may be what failed: write nothing until it gives up
             log.exception("gate failed")
-            champion = self.registry.resolve(CHAMPION)
             reason = f"the gate failed ({type(exc).__name__}: {exc})"
-            report = refuse(version, champion, "gate", reason, suite=self.gate.suite.name)
-        else:
-            self.print(report.summary())
+            report = refuse(version, CHAMPION, "gate", reason, suite=self.gate.suite.name)
+            if not self._gave_up(report):
+                self._say(f"{version}: {reason}; it stays READY and is retried")
+            return
+        self.print(report.summary())
         if report.verdict == ERROR and self._gave_up(report):
             return
         message = apply_verdict(self.registry, report, canary=self.canary.enabled, actor=self.actor)
@@ -142,7 +143,9 @@ class ReleaseControl:
         why = f"the gate could not judge it {n} times (last: {report.reason})"
         try:
             reject(self.registry, dataclasses.replace(report, reason=why))
-        except ReleaseError as exc:  # another writer moved it first
+        except Exception as exc:  # another writer moved it first, or Redis is down: tried again
+            self._errors[report.version] = attempts - 1
+            self._retry_at = time.monotonic() + RETRY_MAX_S
             self._say(f"{report.version}: {why}, and it cannot be rejected: {exc}")
             return True
         self._say(f"{report.version} rejected: {why}; fix the cause and run a new round")

@@ -370,3 +370,24 @@ def test_a_version_the_gate_cannot_judge_is_retried_further_apart_then_rejected(
     assert "policy server failed" in record.report["reason"]
     assert control.pending() != version and "rejected" in lines[-1]
     assert registry.resolve(CHAMPION) == "v0"
+
+
+def test_a_gate_that_raises_writes_nothing_until_it_gives_up(stack, redis_server, tmp_path):
+    """Redis down inside the gate: the controller neither raises nor writes a report (its
+    registry may be what failed); the version stays READY, tried again later."""
+    _, registry, _ = stack
+    version = publish(registry, "lora", make_lora(tmp_path / "vy", seed=4), champion=False)
+
+    class Broken(GateRunner):
+        def evaluate(self, version, champion=None):
+            raise redis.ConnectionError("Connection refused")
+
+    gate = Broken(registry, _suite(redis_server.url, [echo_pack()], "http://x/v1"), SMALL)
+    lines: list[str] = []
+    control = ReleaseControl(
+        gate, Store(tmp_path / "s.db"), CanaryConfig(enabled=False), actor="t", say=lines.append
+    )
+    control._gate(version)
+    assert "Connection refused" in lines[-1] and "retried" in lines[-1]
+    assert registry.get(version).status is VersionStatus.READY
+    assert registry.get(version).report is None and control._retry_at > time.monotonic() + 20
