@@ -29,16 +29,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from agents.errors import ArloopError
 from agents.events import POLICY_VERSIONS, ModelStep, as_text
 from agents.feedback_tokens import issue
+from agents.openai_answers import chunk_body, completion_body
 from agents.policy_client import PolicyClient, PolicyError, to_model_step
 from agents.policy_stream import StreamedCompletion
-from deploy.agent_api.chat_wire import (
-    MODEL,
-    ChatCompletionRequest,
-    ErrorBody,
-    OpenAIError,
-    chunk_body,
-    completion_body,
-)
+from deploy.agent_api.chat_wire import MODEL, ChatCompletionRequest, ErrorBody, OpenAIError
 from deploy.agent_api.deps import CREDENTIAL, USER_TOKEN_HEADER, Caller, CallerDep
 from deploy.agent_api.external_runs import Call, ExternalRuns
 from deploy.agent_api.schemas import ERROR_MEANINGS, errors

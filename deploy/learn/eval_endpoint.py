@@ -17,13 +17,13 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from agents.events import ModelStep, new_id
+from agents.openai_answers import completion_body
 from agents.policy_client import PolicyClient, PolicyConfig, PolicyError, to_model_step
 from deploy.embedded_redis import free_port
 
@@ -129,41 +129,7 @@ class EvalEndpoint:
         )
         hidden = getattr(response, "_hidden_params", None)
         recording.steps.append(policy.recorded(step, hidden, recording.version))
-        return JSONResponse(_completion(response, wanted))
-
-
-def _completion(response: Any, model: str) -> dict[str, Any]:
-    """litellm's answer as OpenAI's `chat.completion`, without the token ids it carries."""
-    choices = []
-    for choice in response.choices:
-        message = choice.message
-        out: dict[str, Any] = {"role": "assistant", "content": message.content}
-        if message.tool_calls:
-            out["tool_calls"] = [
-                {
-                    "id": c.id,
-                    "type": "function",
-                    "function": {"name": c.function.name, "arguments": c.function.arguments},
-                }
-                for c in message.tool_calls
-            ]
-        choices.append(
-            {"index": choice.index, "message": out, "finish_reason": choice.finish_reason}
-        )
-    usage = getattr(response, "usage", None)
-    return {
-        "id": response.id,
-        "object": "chat.completion",
-        "created": response.created,
-        "model": model,
-        "system_fingerprint": getattr(response, "system_fingerprint", None),
-        "choices": choices,
-        "usage": {
-            "prompt_tokens": getattr(usage, "prompt_tokens", 0) or 0,
-            "completion_tokens": getattr(usage, "completion_tokens", 0) or 0,
-            "total_tokens": getattr(usage, "total_tokens", 0) or 0,
-        },
-    }
+        return JSONResponse(completion_body(response, wanted, logprobs=False))
 
 
 def _error(status: int, message: str) -> JSONResponse:
