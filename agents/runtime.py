@@ -25,6 +25,7 @@ from agents.policy_client import Generation, PolicyClient, PolicyConfig
 from agents.react import build_react, run_input
 from agents.reflexion import build_reflexion, reflexion_input
 from agents.run_context import Emit, RunContext, RunUpdate, to_openai
+from agents.spec_checks import check_spec
 from agents.threads import ThreadLease, Threads
 from agents.trajectory_sink import Scrub, TrajectorySink
 from tools.base import Tool
@@ -75,15 +76,20 @@ class AgentSpec:
     (None: always, within `max_attempts`). The triage agent answers a red-flag message at
     once: its guard escalates it whatever a retry would write."""
 
+    def __post_init__(self) -> None:
+        """A wrong field is an AgentSpecError naming it and what it takes (agents.spec_checks)."""
+        for field, value in check_spec(self).items():
+            object.__setattr__(self, field, value)
+
     def public(self) -> dict[str, Any]:
-        """What `GET /v1/agents` shows."""
+        """What `GET /v1/agents` shows: plain strings only, whatever a spec holds."""
         return {
-            "name": self.name,
-            "description": self.description,
-            "kind": self.kind,
-            "tools": [t.name for t in self.tools],
-            "task_kind": self.task_kind,
-            "disclaimer": self.disclaimer,
+            "name": str(self.name),
+            "description": str(self.description),
+            "kind": str(self.kind),
+            "tools": [str(getattr(t, "name", t)) for t in self.tools],
+            "task_kind": None if self.task_kind is None else str(self.task_kind),
+            "disclaimer": None if self.disclaimer is None else str(self.disclaimer),
         }
 
 
