@@ -91,6 +91,7 @@ def serve_policy(
     where installed, else transformers), ARLOOP_LLAMACPP_QUANT, ARLOOP_LLAMACPP_THREADS,
     ARLOOP_REDIS_URL; all in deploy/policy_server/settings.py PolicyServerSettings); follows the registry's
     champion and hot-reloads new versions. Needs `arloop[learn]` (torch)."""
+    from learner.policy.models import ModelNotFound
     from learner.policy.registry import BaseModelMismatch
 
     def run() -> None:
@@ -103,7 +104,7 @@ def serve_policy(
             raise Refused(str(exc)) from None
 
     listen_on("POLICY", host, port)
-    error_boundary("serve policy", run, "policy", Refused, BaseModelMismatch)
+    error_boundary("serve policy", run, "policy", Refused, BaseModelMismatch, ModelNotFound)
 
 
 @serve_app.command("vllm-sync")

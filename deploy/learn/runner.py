@@ -391,7 +391,7 @@ def main(once: bool = False) -> int:
     from deploy.logs import setup_logging
     from deploy.settings_errors import explain
     from deploy.telemetry import setup_tracing
-    from learner.policy.models import ModelNotFound
+    from learner.policy.models import ModelNotFound, check_base
     from learner.policy.registry import BaseModelMismatch
 
     console = Console(soft_wrap=True)  # one line per round, also in a log file
@@ -408,6 +408,8 @@ def main(once: bool = False) -> int:
             # (Learner.run's handler) and, outside it, still finishes saying why it stopped
             signal.signal(signal.SIGTERM, lambda signum, frame: None)
         setup_tracing("learner", settings.otlp_endpoint)  # the gate's eval runs
+        # before Redis is started or the registry records a v0 of a name that does not load
+        check_base(settings.base_model, cache_dir=settings.model_cache)
         learner = Learner(settings, console, world=world)
         if settings.metrics_port and not once:
             _serve_metrics(learner, settings, console)

@@ -258,9 +258,12 @@ class _CountRequests:
 def serve() -> None:
     """`arloop serve policy`: settings from ARLOOP_*, Redis (embedded if unset), then uvicorn."""
     from deploy.embedded_redis import ensure_redis
+    from learner.policy.models import check_base
 
     settings = PolicyServerSettings()
     setup_logging("policy_server", settings.log_level, settings.log_format)
+    # ModelNotFound (a message, exit 2) before anything starts or the registry records its v0
+    check_base(settings.base_model, cache_dir=settings.model_cache)
     engine = choose_engine(settings)  # EngineUnavailable (a message, exit 2) before anything starts
     url = ensure_redis(settings.redis_url, settings.data_dir)
     redis_conn.check_mode(settings.redis_url, settings)

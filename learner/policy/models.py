@@ -6,6 +6,7 @@ settings' `model_cache` (ARLOOP_MODEL_CACHE), tests a private folder.
 
 from __future__ import annotations
 
+import difflib
 import importlib.util
 import logging
 import warnings
@@ -50,6 +51,28 @@ def resolve_base(name: str, *, cache_dir: Path) -> Path | str:
             save_tiny_model(target)
         return target
     return name
+
+
+def check_base(name: str, *, cache_dir: Path) -> None:
+    """ModelNotFound, one line naming the choices, unless `name` resolves (converting or
+    building `smollm2` and `tiny` once, reading a folder's or a cached HF id's config only):
+    checked at each process's start, before the registry records the name as its v0."""
+    from transformers import AutoConfig
+
+    if name in (SMOLLM2, TINY):
+        resolve_base(name, cache_dir=cache_dir)  # ModelNotFound naming a missing package
+        return
+    try:
+        AutoConfig.from_pretrained(name)
+    except (OSError, ValueError) as exc:
+        close = difflib.get_close_matches(name, [SMOLLM2, TINY], n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        why = f" ({str(exc).splitlines()[0][:100]})" if isinstance(exc, ValueError) else ""
+        raise ModelNotFound(
+            f"ARLOOP_BASE_MODEL={name!r} does not load: not a built-in model, a folder with a "
+            f"config.json{why} nor a Hugging Face id in the local cache; {hint}set smollm2 "
+            "(bundled), tiny (tests), a local model folder or a downloaded Hugging Face id"
+        ) from None
 
 
 def load_base(

@@ -11,8 +11,10 @@ from typer.testing import CliRunner
 
 from deploy.cli import app
 from deploy.cli_errors import LEARN_MODULES
+from learner.policy.models import resolve_base
 from learner.policy.registry import PolicyRegistry
 from tests.learner.gate.release_support import add_version
+from tests.model_cache import MODEL_CACHE
 
 ROOT = Path(__file__).resolve().parents[2]
 runner = CliRunner()
@@ -115,15 +117,16 @@ def test_the_policy_server_refuses_another_base_model_than_the_registrys_v0(
     redis_url, redis_client, tmp_path
 ):
     PolicyRegistry(redis_client).ensure_base("tiny")
+    other = str(resolve_base("tiny", cache_dir=MODEL_CACHE))  # a base that loads, not v0's
     env = {
         "ARLOOP_REDIS_URL": redis_url,
-        "ARLOOP_BASE_MODEL": "HuggingFaceTB/SmolLM2-1.7B",
+        "ARLOOP_BASE_MODEL": other,
         "ARLOOP_POLICY_ENGINE": "transformers",
         "ARLOOP_DATA_DIR": str(tmp_path),
     }
     result = runner.invoke(app, ["serve", "policy"], env=env)
     assert result.exit_code == 2, result.output
-    assert "ARLOOP_BASE_MODEL is 'HuggingFaceTB/SmolLM2-1.7B' but this registry (its v0) was " in (
+    assert f"ARLOOP_BASE_MODEL is {other!r} but this registry (its v0) was " in (
         " ".join(result.output.split())
     )
     assert "set ARLOOP_BASE_MODEL=tiny" in result.output
