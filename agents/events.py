@@ -223,6 +223,9 @@ class FeedbackKind(StrEnum):
     VERIFIER = "verifier"  # value 0..1: an automatic check of the answer
     SCORE = "score"  # a named score (`key`, as LangSmith and Langfuse take it): any finite value,
     # text an optional comment; `reward` is its pack's reading of it (`Pack.score_reward`)
+    REVIEW = "review"  # a reviewer's verdict from the annotation queue (`source` "review"):
+    # value 0..1 scores the answer returned; text (optional) states the right answer or a
+    # corrected reply. Not a user's to send: a reviewer's key posts it to /v1/review/{id}
 
 
 SCORE_KEY_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:/-]{0,63}$"
@@ -237,7 +240,7 @@ def check_feedback_value(kind: FeedbackKind, value: float | None, text: str | No
         raise ValueError("thumbs takes value 1 (up) or -1 (down)")
     if kind is FeedbackKind.RATING and (value is None or not 1 <= value <= 5):
         raise ValueError("rating takes a value from 1 to 5")
-    if kind in (FeedbackKind.OUTCOME, FeedbackKind.VERIFIER) and (
+    if kind in (FeedbackKind.OUTCOME, FeedbackKind.VERIFIER, FeedbackKind.REVIEW) and (
         value is None or not 0 <= value <= 1
     ):
         raise ValueError(f"{kind.value} takes a value from 0 to 1")
@@ -251,13 +254,13 @@ def check_feedback_value(kind: FeedbackKind, value: float | None, text: str | No
 
 def kind_reward(kind: FeedbackKind, value: float | None) -> float | None:
     """A feedback's reward in [-1, 1] by its kind: thumbs is its value (+1 / -1); a rating r in
-    1..5 is (r - 3) / 2; an outcome or verifier result v in 0..1 is 2v - 1; a correction has
-    none (it is a label or a preference pair); a named score is its pack's to read."""
+    1..5 is (r - 3) / 2; an outcome, verifier result or review score v in 0..1 is 2v - 1; a
+    correction has none (it is a label or a preference pair); a named score is its pack's to read."""
     if kind is FeedbackKind.THUMBS:
         return float(value)  # type: ignore[arg-type]
     if kind is FeedbackKind.RATING:
         return (float(value) - 3.0) / 2.0  # type: ignore[arg-type]
-    if kind in (FeedbackKind.OUTCOME, FeedbackKind.VERIFIER):
+    if kind in (FeedbackKind.OUTCOME, FeedbackKind.VERIFIER, FeedbackKind.REVIEW):
         return 2.0 * float(value) - 1.0  # type: ignore[arg-type]
     return None
 
@@ -291,7 +294,9 @@ class FeedbackEvent(_Event):
     text: str | None = None
     policy_version: str
     turn: int | None = None  # index of the model step it is about, when per turn
-    source: Literal["user", "verifier", "system"] = "user"
+    source: Literal["user", "verifier", "system", "review"] = "user"
+    """Who judged: a user, a verifier, the system, or a reviewer (kind `review`, whose
+    `user_id` is the reviewer's stored id, not the run's user's)."""
     agent: str | None = None  # the agent that ran (from the token; None on older tokens)
     credential: str | None = None  # the API key's name it came with (None: older events)
     key: str | None = None  # a named score's name (kind `score` only)
@@ -305,6 +310,8 @@ class FeedbackEvent(_Event):
     def _value_fits_kind(self) -> FeedbackEvent:
         check_feedback_value(self.kind, self.value, self.text)
         check_score_key(self.kind, self.key)
+        if (self.kind is FeedbackKind.REVIEW) != (self.source == "review"):
+            raise ValueError("a review is kind 'review' from source 'review', and only it")
         if self.kind is FeedbackKind.SCORE:
             return self
         by_kind = kind_reward(self.kind, self.value)

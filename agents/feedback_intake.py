@@ -124,6 +124,28 @@ class FeedbackSubmission:
     """The API key's tenant: a token of another tenant's user is refused (403)."""
 
 
+REVIEW_MARKER_TTL_S = 180 * 86400
+"""How long a run's review marker refuses a second review (the queue also skips a run whose
+review is in the stream)."""
+
+
+@dataclass(frozen=True)
+class Review:
+    """A reviewer's verdict on one logged run (`POST /v1/review/{trajectory_id}`)."""
+
+    trajectory_id: str
+    policy_version: str
+    agent: str
+    reviewer: str
+    """The reviewer's stored id (a pseudonym, as any user's)."""
+    score: float
+    """0..1: how right the answer returned was (1 right, 0 wrong)."""
+    text: str | None = None
+    """The right answer (a triage level, a number) or a corrected reply."""
+    credential: str | None = None
+    credential_rate_per_minute: int | None = None
+
+
 def feedback_event_id(trajectory_id: str, kind: str) -> str:
     """Deterministic per trajectory and kind, so a retried submission is the same event."""
     return "fb_" + hashlib.sha256(f"{trajectory_id}|{kind}".encode()).hexdigest()[:32]
@@ -166,7 +188,33 @@ class FeedbackIntake:
                 update={"text": await asyncio.to_thread(self.scrub, event.text)}
             )
         key_limit = sub.credential_rate_per_minute if sub.credential else None
-        return await self._write(event, claims, key_limit or 0)
+        return await self._write(event, marker_ttl(claims, self.clock()), key_limit or 0)
+
+    async def accept_review(self, review: Review) -> str:
+        """The event id of a reviewer's verdict, written as a `review` feedback event (source
+        `review`) through the same script: one review per run (a second one is a 409), the
+        reviewer's and the key's rate windows, the text PHI-scrubbed."""
+        try:
+            check_feedback_value(FeedbackKind.REVIEW, review.score, review.text)
+        except ValueError as exc:
+            raise FeedbackRejected(422, str(exc)) from exc
+        text = (review.text or "").strip() or None
+        if self.scrub is not None and text:
+            text = await asyncio.to_thread(self.scrub, text)
+        event = FeedbackEvent(
+            event_id=feedback_event_id(review.trajectory_id, FeedbackKind.REVIEW.value),
+            trajectory_id=review.trajectory_id,
+            user_id=review.reviewer,
+            kind=FeedbackKind.REVIEW,
+            value=review.score,
+            text=text,
+            policy_version=review.policy_version,
+            source="review",
+            agent=review.agent,
+            credential=review.credential,
+        )
+        key_limit = review.credential_rate_per_minute if review.credential else None
+        return await self._write(event, REVIEW_MARKER_TTL_S, key_limit or 0)
 
     def _event(self, sub: FeedbackSubmission, claims: TokenClaims) -> FeedbackEvent:
         kind = _kind(sub.kind)
@@ -202,11 +250,12 @@ class FeedbackIntake:
             return None
         return min(1.0, max(-1.0, float(reward)))
 
-    async def _write(self, event: FeedbackEvent, claims: TokenClaims, key_limit: int) -> str:
+    async def _write(self, event: FeedbackEvent, ttl: int, key_limit: int) -> str:
+        """XADD `event` once (the script above); `ttl`: its replay marker's life in seconds."""
         now = self.clock()
         window = int(now // 60)
         keys = [
-            f"{FEEDBACK_RATE_PREFIX}:feedback:{claims.user_id}:{window}",
+            f"{FEEDBACK_RATE_PREFIX}:feedback:{event.user_id}:{window}",
             f"{FEEDBACK_SEEN_PREFIX}:{event.trajectory_id}:{event.slot}",
             STREAM_FEEDBACK,
             f"{FEEDBACK_RATE_PREFIX}:feedback-key:{event.credential}:{window}",
@@ -216,7 +265,6 @@ class FeedbackIntake:
             keys.append(f"{LEGACY_SEEN_PREFIX}:{event.trajectory_id}:{event.slot}")
         marker = f"{event.event_id}|{secrets.token_hex(8)}"
         fields = [x for pair in encode(event).items() for x in pair]
-        ttl = marker_ttl(claims, now)
         scores = self.scores_per_run if event.kind is FeedbackKind.SCORE else 0
         cap = self.max_entries or 0
         args = [self.rate_per_minute, 120, ttl, marker, key_limit, scores, cap, *fields]

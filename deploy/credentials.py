@@ -9,6 +9,9 @@ A key's `identity` says where the acting user comes from:
   `ARLOOP_USER_TOKEN_SECRET` by the app that logged the user in (`sign_user_token`);
 - `header`: the gateway's header (`ARLOOP_USER_HEADER`) names the user; the key is the
   gateway's own, so only the gateway can send it.
+A key's `scopes` grant more than running agents and reading one's own: `review` lets a
+reviewer (a clinician, a teacher) browse the tenant's runs and judge them from the annotation
+queue (`deploy.agent_api.review`); any other key is refused there (403).
 Users of a tenant other than `default` are namespaced (`acme:u1`), so two tenants' `u1` never
 share a thread, a memory or a rate window.
 """
@@ -46,6 +49,13 @@ class Identity(StrEnum):
     HEADER = "header"
 
 
+class Scope(StrEnum):
+    """What a key may do beyond running agents and reading its own runs and feedback."""
+
+    REVIEW = "review"
+    """Browse every run of the key's tenant and judge them from the annotation queue."""
+
+
 class ApiKey(BaseModel):
     """One client credential of the agent API."""
 
@@ -64,6 +74,8 @@ class ApiKey(BaseModel):
     rate_per_minute: int | None = Field(None, ge=1)
     """Runs (and, apart, feedback) this key may send per minute, all its users together;
     unset: ARLOOP_KEY_RATE_PER_MINUTE."""
+    scopes: frozenset[Scope] = frozenset()
+    """Scopes beyond the default (`review`: a reviewer's key; see the module docstring)."""
 
     @model_validator(mode="after")
     def _user_iff_fixed(self) -> ApiKey:

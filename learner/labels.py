@@ -14,6 +14,10 @@ each in log-odds under the feedback noise (`noise`: the share of judgements that
   (the disposition a clinician later assigned confirms the fallback's `see a doctor` as well
   as the model's). A red-flag escalation states an answer (the rules' `emergency`), so every
   judgement of it votes: that is how the loop comes to teach the model itself to escalate.
+- a reviewer's verdict (kind `review`, from the annotation queue) votes as a correction for
+  the answer its text states and as a result (a fallback's too) with its score, each
+  `REVIEW_WEIGHT` times as strong as a user's word and never capped: a clinician's or a
+  teacher's judgement outweighs a user's thumbs.
 Only each sender's latest word per kind and turn counts (as for rewards). The runs of one
 prompt (the agent and its normalised input text, not only identical tokens) vote together.
 A user's votes are scaled by the same cap as rewards (`learner.rewards.sender_scales` over the
@@ -69,9 +73,11 @@ class Grounding:
     """A reply rewritten to state another answer, all else kept (the pack's `restate`)."""
 
 
-RESULTS = (FeedbackKind.OUTCOME, FeedbackKind.VERIFIER)
+RESULTS = (FeedbackKind.OUTCOME, FeedbackKind.VERIFIER, FeedbackKind.REVIEW)
 """Judgements of whether the returned answer was right, not of how it read: they vote on a
 fallback's answer too."""
+REVIEW_WEIGHT = 2.0
+"""A reviewer's verdict counts as this many users' words (see the module's rules)."""
 
 
 @dataclass(frozen=True)
@@ -122,18 +128,18 @@ def episode_votes(episode: Episode, readers: Grounding, noise: float) -> list[Vo
     votes = []
     for f in _latest(episode.feedback):
         capped = f.source == "user"
-        if f.kind is FeedbackKind.CORRECTION:
-            said = readers.reference_from(f.text or "")
+        weight = strength * (REVIEW_WEIGHT if f.kind is FeedbackKind.REVIEW else 1.0)
+        if f.kind in (FeedbackKind.CORRECTION, FeedbackKind.REVIEW) and f.text:
+            said = readers.reference_from(f.text)
             if said is not None:
-                votes.append(
-                    Vote(key, said, strength, f.user_id, capped, f.kind.value, f.credential)
-                )
+                votes.append(Vote(key, said, weight, f.user_id, capped, f.kind.value, f.credential))
+        if f.kind is FeedbackKind.CORRECTION:
             continue
         score = f.reward
         served = stated if f.kind in RESULTS else opinion
         if served is not None and score:
             votes.append(
-                Vote(key, served, score * strength, f.user_id, capped, f.kind.value, f.credential)
+                Vote(key, served, score * weight, f.user_id, capped, f.kind.value, f.credential)
             )
     return votes
 
