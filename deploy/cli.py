@@ -91,20 +91,20 @@ def serve_policy(
     where installed, else transformers), ARLOOP_LLAMACPP_QUANT, ARLOOP_LLAMACPP_THREADS,
     ARLOOP_REDIS_URL; all in deploy/policy_server/settings.py PolicyServerSettings); follows the registry's
     champion and hot-reloads new versions. Needs `arloop[learn]` (torch)."""
-    from learner.policy.models import ModelNotFound
     from learner.policy.registry import BaseModelMismatch
 
     def run() -> None:
         from deploy.policy_server.app import serve
         from deploy.policy_server.engines import EngineUnavailable
+        from learner.policy.models import ModelNotFound  # torch: inside the boundary
 
         try:
             serve()
-        except EngineUnavailable as exc:
+        except (EngineUnavailable, ModelNotFound) as exc:
             raise Refused(str(exc)) from None
 
     listen_on("POLICY", host, port)
-    error_boundary("serve policy", run, "policy", Refused, BaseModelMismatch, ModelNotFound)
+    error_boundary("serve policy", run, "policy", Refused, BaseModelMismatch)
 
 
 @serve_app.command("vllm-sync")
