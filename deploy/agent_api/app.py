@@ -3,7 +3,8 @@
 Endpoints here: `GET /v1/agents`, `POST /v1/agents/{agent}/runs`, `POST /v1/feedback` (all
 with `Authorization: Bearer <key>`), `GET /healthz`, `GET /metrics`; the others come from
 their modules' routers: `streaming` (the run as Server-Sent Events), `history` (threads,
-feedback pages and export), `pages` (the chat page, the dashboard, the report card),
+runs, feedback pages and export), `review` (the annotation queue and its verdicts), `pages`
+(the chat page, the dashboard, the report card, the runs view and the review queue),
 `chat_completions` (OpenAI's API for agents arloop does not run itself).
 """
 
@@ -37,6 +38,7 @@ from deploy.agent_api.ingest import FeedbackFastPath, take_feedback
 from deploy.agent_api.metrics import ApiMetrics
 from deploy.agent_api.pages import STATIC_DIR
 from deploy.agent_api.pages import router as pages_router
+from deploy.agent_api.review import router as review_router
 from deploy.agent_api.runs import acting, admit, answer
 from deploy.agent_api.schemas import (
     AgentList,
@@ -152,8 +154,8 @@ def create_app(
     docs = (app.docs_url, app.redoc_url, app.swagger_ui_oauth2_redirect_url)
     app.add_middleware(SecurityHeaders, docs=docs)  # outermost: its 413 gets the headers too
     install_error_handlers(app)
-    routers = (router, streaming_router, history_router, pages_router, users_router, chat_router)
-    for routes in routers:
+    routers = (router, streaming_router, history_router, review_router, pages_router, users_router)
+    for routes in (*routers, chat_router):
         app.include_router(routes)
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
     app.openapi = lambda: _openapi(app, [s.name for s in specs], settings.max_input_chars)
@@ -230,6 +232,8 @@ def serve() -> None:
     setup_logging("agent_api", settings.log_level, settings.log_format)
     setup_tracing("agent_api", settings.otlp_endpoint)
     url = ensure_redis(settings.redis_url, settings.data_dir)
+    until = "/healthz reports not ready until it answers"
+    redis_conn.wait_for(url, settings, log.warning, until=until, background=True)
     redis_conn.check_mode(settings.redis_url, settings)  # a cluster without the cluster client
     app = create_app(settings.model_copy(update={"redis_url": url}))
     # uvloop + httptools roughly doubled an ingest endpoint's rate here; both are optional.

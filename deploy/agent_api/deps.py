@@ -17,6 +17,7 @@ from deploy.credentials import (
     USER,
     ApiKey,
     Identity,
+    Scope,
     UserTokenError,
     pseudonym,
     tenant_of,
@@ -66,6 +67,29 @@ class Caller:
         if self.vouched is not None:
             return user_id == self._stored_vouched
         return tenant_of(user_id) == self.key.tenant
+
+    @property
+    def reviewer(self) -> bool:
+        """Whether the key has the `review` scope (`deploy.credentials.Scope`)."""
+        return Scope.REVIEW in self.key.scopes
+
+    def reads(self, user_id: str) -> bool:
+        """Whether a stored user's runs are this caller's to browse: what it `sees`, and for a
+        reviewer every user of its tenant."""
+        if self.reviewer:
+            return tenant_of(user_id) == self.key.tenant
+        return self.sees(user_id)
+
+    def as_reviewer(self) -> str:
+        """The reviewer's stored id (its vouched user's, or for an `any` key one named after the
+        key); 403 for a key without the `review` scope."""
+        if not self.reviewer:
+            raise ArloopError(
+                403,
+                f"API key {self.key.name!r} has no 'review' scope: reviews take a reviewer's "
+                'key (in ARLOOP_API_KEYS, `"scopes": ["review"]`)',
+            )
+        return self._stored_vouched if self.vouched else self._stored(f"key.{self.key.name}")
 
     @cached_property
     def _stored_vouched(self) -> str:

@@ -1,18 +1,27 @@
-"""Routes that read history back: a thread's messages, feedback pages, the JSONL export."""
+"""Routes that read history back: a thread's messages, runs and feedback pages, one run whole,
+the JSONL export."""
 
 from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Path, Query
 from fastapi.responses import StreamingResponse
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, ToolMessage
 from pydantic import WithJsonSchema
 
 from agents.errors import ArloopError
-from agents.events import FeedbackKind
+from agents.events import AnswerPath, FeedbackKind, RunStatus
 from deploy.agent_api.deps import CallerDep, ServicesDep
 from deploy.agent_api.feedback_log import CURSOR, SECONDS, export_jsonl, feedback_page
+from deploy.agent_api.run_log import (
+    FEEDBACK_FILTERS,
+    RunFilter,
+    detail,
+    feedback_of,
+    find_run,
+    runs_page,
+)
 from deploy.agent_api.schemas import (
     FeedbackPage,
     ThreadId,
@@ -31,6 +40,18 @@ Since = Annotated[
         description="Seconds since the epoch (digits), or an RFC 3339 time "
         "(`2026-01-01T00:00:00Z`).",
     ),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "string", "pattern": SECONDS},
+                {"type": "string", "format": "date-time"},
+            ]
+        }
+    ),
+]
+Until = Annotated[
+    str | None,
+    Query(max_length=40, description="Before this time (the same forms as `since`)."),
     WithJsonSchema(
         {
             "anyOf": [
@@ -99,6 +120,53 @@ async def list_feedback(
         cursor=cursor,
         limit=limit,
     )
+
+
+@router.get("/v1/runs", responses=errors(401, 404, 422, 503))
+async def list_runs(
+    services: ServicesDep,
+    caller: CallerDep,
+    agent: AgentName = None,
+    version: Annotated[str | None, Query(pattern=r"^[A-Za-z0-9_.@-]{1,64}$")] = None,
+    status: Annotated[
+        str | None, Query(max_length=32, json_schema_extra={"enum": [s.value for s in RunStatus]})
+    ] = None,
+    answered_by: Annotated[
+        str | None, Query(max_length=32, json_schema_extra={"enum": [a.value for a in AnswerPath]})
+    ] = None,
+    feedback: Annotated[
+        str | None, Query(max_length=32, json_schema_extra={"enum": list(FEEDBACK_FILTERS)})
+    ] = None,
+    since: Since = None,
+    until: Until = None,
+    cursor: Cursor = None,
+    limit: Annotated[int, Query(ge=1, le=200)] = 50,
+) -> dict[str, Any]:
+    """Logged runs the caller may browse (its tenant's for a backend's or a reviewer's key, its
+    one user's for a user's key), newest first, as stored (PHI-scrubbed), with their feedback
+    counts; filtered by agent, policy version, status, who answered (`answered_by`), feedback
+    (any, none, thumbs_up, thumbs_down, reviewed, unreviewed) and time; pages by `cursor`. A
+    page reads at most 1,000 runs: a rare filter answers a short page and a `next_cursor`."""
+    if agent is not None:
+        services.runtime.spec(agent)
+    keep = RunFilter(agent, version, status, answered_by, feedback)
+    return await runs_page(
+        services.redis, caller.reads, keep, since=since, until=until, cursor=cursor, limit=limit
+    )
+
+
+@router.get("/v1/runs/{trajectory_id}", responses=errors(401, 404, 422, 503))
+async def get_run(
+    trajectory_id: Annotated[str, Path(pattern=r"^[A-Za-z0-9_.-]{1,128}$")],
+    services: ServicesDep,
+    caller: CallerDep,
+    cursor: Cursor = None,
+) -> dict[str, Any]:
+    """One run whole, as stored (PHI-scrubbed): its steps (model calls with the tool calls they
+    asked for, tool results), the guard's verdict (`answered_by`, the model's own answer when
+    replaced, the guard's and verifier's findings) and its feedback."""
+    entry_id, run = await find_run(services.redis, caller.reads, trajectory_id, cursor)
+    return detail(entry_id, run, await feedback_of(services.redis, entry_id, trajectory_id))
 
 
 @router.get(

@@ -1,4 +1,5 @@
-"""The pages people open (chat, dashboard, report card) and the JSON the last two poll.
+"""The pages people open (chat, dashboard, report card, runs, review queue) and the JSON the
+dashboard and report card poll (the runs and the queue read `/v1/runs` and `/v1/review`).
 
 The pages are static files shipped in the package (`deploy/agent_api/static/`: HTML, one
 small script each, one stylesheet; no CDN, no build step). They ask for an API key once and
@@ -20,7 +21,13 @@ from deploy.agent_api.schemas import errors
 
 STATIC_DIR = Path(__file__).parent / "static"
 router = APIRouter()
-PAGES = {"/chat": "chat.html", "/dashboard": "dashboard.html", "/report-card": "report-card.html"}
+PAGES = {
+    "/chat": "chat.html",
+    "/dashboard": "dashboard.html",
+    "/report-card": "report-card.html",
+    "/runs": "runs.html",
+    "/review": "review.html",
+}
 
 
 @router.get("/", include_in_schema=False)

@@ -215,6 +215,29 @@ class FeedbackRequest(_Body):
         return self
 
 
+class ReviewRequest(_Body):
+    """`POST /v1/review/{trajectory_id}`: a reviewer's verdict on one run."""
+
+    score: float = Field(
+        ge=0.0,
+        le=1.0,
+        allow_inf_nan=False,
+        description="How right the answer returned was: 1 right, 0 wrong (0.5: partly).",
+    )
+    text: str | None = Field(
+        None,
+        max_length=8000,
+        description="The right answer (a triage level, a number) or a corrected reply; the "
+        "learner reads the answer it states as a label (stored PHI-scrubbed).",
+    )
+    cursor: str | None = Field(
+        None,
+        max_length=48,
+        pattern=r"^\d{1,19}-\d{1,19}$",
+        description="The run's list item's `cursor` (finds it at once).",
+    )
+
+
 class FeedbackAccepted(BaseModel):
     event_id: str
 
