@@ -37,8 +37,10 @@ def error_boundary(
     command reads (`agents`, `policy`, `learner`, `vllm-sync`), for the examples of the messages."""
     from pydantic import ValidationError
     from pydantic_settings import SettingsError
+    from redis.exceptions import ConnectionError as RedisDown
+    from redis.exceptions import TimeoutError as RedisSlow
 
-    from deploy.redis_conn import RedisModeMismatch
+    from deploy.redis_conn import RedisModeMismatch, RedisUnreachable
 
     try:
         return run()
@@ -55,8 +57,13 @@ def error_boundary(
         )
     except refused as exc:
         typer.echo(f"arloop {command}: {exc}", err=True)
-    except RedisModeMismatch as exc:
+    except (RedisModeMismatch, RedisUnreachable) as exc:
         typer.echo(f"arloop {command}: {exc}", err=True)
+    except (RedisDown, RedisSlow) as exc:  # went away after the start's check
+        typer.echo(
+            f"arloop {command}: Redis does not answer ({exc}): start it, or fix ARLOOP_REDIS_URL",
+            err=True,
+        )
     raise typer.Exit(2)
 
 

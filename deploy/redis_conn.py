@@ -13,6 +13,9 @@ cannot work into one line naming the fix, rather than a traceback at the first c
 
 from __future__ import annotations
 
+import threading
+import time
+from collections.abc import Callable
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
@@ -62,9 +65,19 @@ def options(s: RedisSettings, url: str, *, asyncio: bool = False) -> dict[str, A
 CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster", "redis-cluster", "cluster")
 
 
+URL_SCHEMES = ("redis", "rediss", "unix")
+"""The schemes redis-py reads (`redis.connection.parse_url`)."""
+
+
 def check_url(url: str, cluster: bool) -> str | None:
     """Why `url` cannot work with `cluster` mode, with the fix; None when it can."""
     scheme = url.split("://", 1)[0].lower() if "://" in url else ""
+    if url and scheme not in URL_SCHEMES + CLUSTER_SCHEMES:
+        return _unparsable(url, scheme)
+    if scheme in ("redis", "rediss"):
+        why = _bad_address(url)
+        if why:
+            return why
     if scheme in CLUSTER_SCHEMES:
         plain = "rediss" if scheme.startswith("rediss") else "redis"
         return (
@@ -76,6 +89,35 @@ def check_url(url: str, cluster: bool) -> str | None:
     db = urlsplit(url).path.strip("/")
     if cluster and db not in ("", "0"):
         return f"ARLOOP_REDIS_URL: a Redis Cluster has only database 0 (drop the /{db})"
+    return None
+
+
+def _unparsable(url: str, scheme: str) -> str:
+    """The fix for a URL without a scheme redis-py reads."""
+    if not scheme:
+        where = url.strip("/") or "127.0.0.1:6379"
+        return (
+            f"ARLOOP_REDIS_URL: {url!r} has no scheme: write redis://{where}/0 "
+            "(rediss:// for TLS, unix:///path/to/redis.sock for a socket)"
+        )
+    return (
+        f"ARLOOP_REDIS_URL: {scheme}:// is not a Redis URL scheme: use redis://host:6379/0, "
+        "rediss:// for TLS or unix:///path/to/redis.sock"
+    )
+
+
+def _bad_address(url: str) -> str | None:
+    """Why a redis:// or rediss:// URL's port or database does not parse; None when they do."""
+    parts = urlsplit(url)
+    try:
+        _ = parts.port
+    except ValueError:
+        port = parts.netloc.rpartition(":")[2]
+        host = parts.hostname or "127.0.0.1"
+        return f"ARLOOP_REDIS_URL: the port {port!r} is not a number, e.g. redis://{host}:6379/0"
+    db = parts.path.strip("/")
+    if db and not db.isdigit():
+        return f"ARLOOP_REDIS_URL: the database {db!r} is not a number: end the URL with /0"
     return None
 
 
@@ -137,3 +179,77 @@ def _info(client: Any) -> dict[str, Any]:
     if isinstance(client, redis.cluster.RedisCluster):
         return client.info("cluster", target_nodes=redis.cluster.RedisCluster.RANDOM)
     return client.info("cluster")
+
+
+class RedisUnreachable(RuntimeError):
+    """The Redis at ARLOOP_REDIS_URL does not answer, or refuses this process's credentials;
+    the message names where and the fix."""
+
+
+def where(url: str) -> str:
+    """`host:port` (or the socket's path) of a Redis URL, never its credentials."""
+    parts = urlsplit(url)
+    if parts.scheme == "unix":
+        return parts.path
+    return f"{parts.hostname or '127.0.0.1'}:{parts.port or 6379}"
+
+
+def not_answering(url: str, s: RedisSettings) -> str | None:
+    """Why the Redis at `url` does not answer a PING now (one quick try); None when it does.
+    RedisUnreachable when it answers but refuses the credentials: waiting will not help."""
+    timeouts = {"socket_connect_timeout": 2.0, "socket_timeout": 2.0}
+    try:
+        with redis.Redis.from_url(url, **(options(s, url) | timeouts | {"retry": None})) as r:
+            r.ping()
+    except (redis.AuthenticationError, redis.exceptions.NoPermissionError) as exc:
+        raise RedisUnreachable(
+            f"the Redis at {where(url)} refuses this process's credentials ({exc}): fix the "
+            "user and password in ARLOOP_REDIS_URL (or ARLOOP_REDIS_USERNAME, ARLOOP_REDIS_PASSWORD)"
+        ) from None
+    except redis.ResponseError as exc:
+        if "NOAUTH" not in str(exc):
+            return None  # it answered; the command's own error is the process's to meet
+        raise RedisUnreachable(
+            f"the Redis at {where(url)} needs a password: put it in ARLOOP_REDIS_URL "
+            "(redis://<user>:<password>@host:6379/0) or ARLOOP_REDIS_PASSWORD"
+        ) from None
+    except redis.RedisError as exc:
+        return str(exc).rstrip(".") or type(exc).__name__
+    return None
+
+
+def wait_for(
+    url: str,
+    s: RedisSettings,
+    say: Callable[[str], None],
+    *,
+    until: str,
+    wait: bool = True,
+    background: bool = False,
+    every_s: float = 1.0,
+) -> None:
+    """At a process's start: return at once when the Redis at `url` answers; else say so in
+    one line (`until`: what the process does meanwhile) and wait until it does (`background`:
+    in a thread, saying when it answers), or with `wait=False` raise RedisUnreachable."""
+    why = not_answering(url, s)
+    if why is None:
+        return
+    if not wait:
+        raise RedisUnreachable(
+            f"the Redis at {where(url)} does not answer ({why}): start it, or fix ARLOOP_REDIS_URL"
+        )
+    say(f"waiting for Redis at {where(url)} ({why}); {until}")
+
+    def answered() -> None:
+        try:
+            while not_answering(url, s) is not None:
+                time.sleep(every_s)
+        except RedisUnreachable as exc:  # up now, but refusing these credentials
+            say(str(exc))
+            return
+        say(f"Redis at {where(url)} answers")
+
+    if background:
+        threading.Thread(target=answered, name="redis-wait", daemon=True).start()
+    else:
+        answered()

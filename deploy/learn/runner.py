@@ -389,6 +389,7 @@ def main(once: bool = False) -> int:
     from pydantic_settings import SettingsError
 
     from deploy.logs import setup_logging
+    from deploy.redis_conn import RedisUnreachable, wait_for
     from deploy.settings_errors import explain
     from deploy.telemetry import setup_tracing
     from learner.policy.models import ModelNotFound, check_base
@@ -410,6 +411,9 @@ def main(once: bool = False) -> int:
         setup_tracing("learner", settings.otlp_endpoint)  # the gate's eval runs
         # before Redis is started or the registry records a v0 of a name that does not load
         check_base(settings.base_model, cache_dir=settings.model_cache)
+        if settings.redis_url:  # (the embedded one is started and answers, or says why not)
+            until = "the learner starts when it answers (Ctrl-C to stop)"
+            wait_for(settings.redis_url, settings, console.print, until=until, wait=not once)
         learner = Learner(settings, console, world=world)
         if settings.metrics_port and not once:
             _serve_metrics(learner, settings, console)
@@ -423,8 +427,12 @@ def main(once: bool = False) -> int:
         LearnerConfigError,
         BaseModelMismatch,
         TrackerUnavailable,
+        RedisUnreachable,
     ) as exc:
-        console.print(f"[red]arloop learn:[/] {exc}")
+        console.print(f"[red]arloop learn:[/] {escape(str(exc))}")
+    except KeyboardInterrupt:  # Ctrl-C while waiting for Redis
+        console.print("learner stopped while waiting for Redis")
+        return 0
     except PeerLost as exc:
         console.print(f"[red]arloop learn: stopped[/]: {escape(str(exc))}; relaunch: {LAUNCH_LINE}")
         return 3

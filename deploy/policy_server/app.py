@@ -266,6 +266,8 @@ def serve() -> None:
     check_base(settings.base_model, cache_dir=settings.model_cache)
     engine = choose_engine(settings)  # EngineUnavailable (a message, exit 2) before anything starts
     url = ensure_redis(settings.redis_url, settings.data_dir)
+    until = "the policy server starts when it answers (it reads the registry first)"
+    redis_conn.wait_for(url, settings, log.warning, until=until)
     redis_conn.check_mode(settings.redis_url, settings)
     # BaseModelMismatch (a message, exit 2) before serving another base than the registry's v0
     PolicyRegistry(settings.redis_client(url)).ensure_base(settings.base_model)

@@ -5,9 +5,13 @@ no process left behind."""
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import httpx
 import pytest
+
+from deploy.embedded_redis import free_port, start_redis
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -47,3 +51,89 @@ def test_a_base_model_typo_is_one_line_and_writes_no_registry(
     assert "ARLOOP_BASE_MODEL='smolm2' does not load" in line
     assert "did you mean 'smollm2'?" in line and "tiny" in line
     assert redis_client.keys("arloop:policy:*") == []  # v0 not written with the typo
+
+
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("localhost:6379", "'localhost:6379' has no scheme: write redis://localhost:6379/0"),
+        (
+            "redis://127.0.0.1:six/0",
+            "the port 'six' is not a number, e.g. redis://127.0.0.1:6379/0",
+        ),
+        ("http://127.0.0.1:6379", "http:// is not a Redis URL scheme: use redis://host:6379/0"),
+        ("redis://127.0.0.1:6379/zero", "the database 'zero' is not a number: end the URL with /0"),
+    ],
+)
+@pytest.mark.parametrize("command", [["serve", "agents"], ["learn", "--once"]])
+def test_a_malformed_redis_url_is_one_line_with_the_fix(command, url, says, tmp_path):
+    line = one_line(arloop(*command, ARLOOP_REDIS_URL=url, ARLOOP_DATA_DIR=str(tmp_path)))
+    assert f"ARLOOP_REDIS_URL: {says}" in line
+
+
+def test_learn_once_with_a_redis_that_does_not_answer_is_one_line(tmp_path):
+    port = free_port()
+    result = arloop(
+        "learn",
+        "--once",
+        ARLOOP_REDIS_URL=f"redis://127.0.0.1:{port}/0",
+        ARLOOP_BASE_MODEL="tiny",
+        ARLOOP_DATA_DIR=str(tmp_path),
+    )
+    line = one_line(result)
+    assert line.startswith(f"arloop learn: the Redis at 127.0.0.1:{port} does not answer (")
+    assert line.endswith("start it, or fix ARLOOP_REDIS_URL")
+
+
+def test_the_agent_api_says_once_it_waits_for_redis_and_serves_when_redis_comes_up(tmp_path):
+    redis_port, api_port = free_port(), free_port()
+    log = tmp_path / "agents.log"
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("ARLOOP_")}
+    env = clean | {
+        "ARLOOP_REDIS_URL": f"redis://127.0.0.1:{redis_port}/0",
+        "ARLOOP_AGENTS_PORT": str(api_port),
+        "ARLOOP_LOG_FORMAT": "text",
+        "ARLOOP_DATA_DIR": str(tmp_path),
+    }
+    with open(log, "w") as out:
+        api = subprocess.Popen(
+            [sys.executable, "-m", "deploy.cli", "serve", "agents"],
+            env=env,
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    server = None
+    try:
+        assert _healthz(api_port, until=503) == 503, log.read_text()
+        waiting = [line for line in log.read_text().splitlines() if "waiting for Redis" in line]
+        assert len(waiting) == 1, log.read_text()
+        assert waiting[0].endswith("; /healthz reports not ready until it answers")
+        assert f"waiting for Redis at 127.0.0.1:{redis_port} (" in waiting[0]
+        server = start_redis(tmp_path / "redis", port=redis_port)
+        assert _healthz(api_port, until=200) == 200, log.read_text()
+        said = f"Redis at 127.0.0.1:{redis_port} answers"
+        deadline = time.monotonic() + 10  # its watcher asks every second
+        while said not in log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert said in log.read_text(), log.read_text()
+    finally:
+        api.terminate()
+        api.wait(timeout=30)
+        if server is not None:
+            server.stop()
+
+
+def _healthz(port: int, until: int, timeout_s: float = 60) -> int | None:
+    """GET /healthz until it answers `until` (or time runs out): the last status seen."""
+    status = None
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            status = httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5).status_code
+        except httpx.HTTPError:
+            status = None
+        if status == until:
+            return status
+        time.sleep(0.3)
+    return status
