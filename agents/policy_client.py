@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from functools import cache
 from typing import Any
 
+from agents.decisions import Decided, ask_head
 from agents.errors import ArloopError
 from agents.events import ModelStep, ToolCallRequest
 from agents.model_routes import TOKEN_KINDS, Endpoint, Kind, ModelRoute, Provider, endpoint_kind
@@ -187,6 +188,14 @@ class PolicyClient:
         latency_ms = (time.perf_counter() - start) * 1000
         step = to_model_step(response, messages, tools, model, index, latency_ms)
         return self._step(step, self._answered(getattr(response, "_hidden_params", None)), arm)
+
+    async def head(self, name: str, text: str, *, arm: str | None) -> Decided | None:
+        """A decision head's label for `text` on the version `arm` names (`agents.decisions`);
+        None where the endpoint is not arloop's policy server."""
+        if self.config.kind != "arloop":
+            return None
+        model = self.model_for(arm)
+        return await ask_head(self.config.api_base, self.config.api_key, model, name, text)
 
     async def respond(self, request: dict[str, Any], *, arm: str | None) -> Any:
         """litellm's answer to a client's own OpenAI request (the agent API's

@@ -12,7 +12,7 @@ from langgraph.graph.message import add_messages
 from langgraph.runtime import Runtime
 
 from agents.events import AnswerPath, RunStatus
-from agents.guard import review
+from agents.guard import question_of, review
 from agents.run_context import RunContext, ai_message, pending_tool_calls, to_openai
 from agents.tracing import traced_node, traced_tool
 
@@ -83,7 +83,12 @@ async def call_model(state: AgentState, runtime: Runtime[RunContext]) -> dict:
         # The trajectory keeps the call the model made; the thread gets a closing answer.
         status = RunStatus.STEP_BUDGET.value
         return {"messages": [AIMessage(BUDGET_NOTE)], "steps_left": 0, "status": status}
-    return {"messages": [ai_message(step)], "steps_left": left}
+    message = ai_message(step)
+    if not step.tool_calls:  # the final reply: a decision the version's head makes goes in
+        decided = await ctx.decide(question_of(state), step.output or "")
+        if decided is not None:
+            message = AIMessage(content=decided)
+    return {"messages": [message], "steps_left": left}
 
 
 @traced_node("tools")

@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, SystemMessage, ToolMessage
 
+from agents.decisions import Decision, decided_metadata
 from agents.events import ModelStep, StepEvent, ToolStep
 from agents.memory import LongTermMemory
 from agents.policy_client import Generation, PolicyClient
@@ -53,6 +54,10 @@ class RunContext:
     """The agent's own sampling settings, sent with each of its model calls."""
     retry_when: Callable[[str], bool] | None = None
     """Reflexion: whether a failed attempt at the question is worth a retry (None: always)."""
+    decision: Decision | None = None
+    """What the version's head decides in the model's final reply (`agents.decisions`)."""
+    decided: dict[str, str] = field(default_factory=dict)
+    """The head's last decision in this run (into the trajectory's metadata)."""
     steps: list[StepEvent] = field(default_factory=list)
     emit: Emit | None = None
     """A live listener (the agent API's stream): text as it comes, each step as it ends."""
@@ -79,6 +84,17 @@ class RunContext:
         if emit is not None:
             emit(RunUpdate("model", node, index, step=step))
         return step
+
+    async def decide(self, question: str, reply: str) -> str | None:
+        """The final reply with the version's head's label in it (`agents.decisions`), or None
+        when there is no decision to make, no head answers, or the reply takes no label."""
+        if self.decision is None:
+            return None
+        decided = await self.policy.head(self.decision.name, question, arm=self.arm)
+        if decided is None or decided.label not in self.decision.labels:
+            return None
+        self.decided = decided_metadata(self.decision, decided, reply)
+        return self.decision.apply(reply, decided.label)
 
     async def call_tool(
         self,

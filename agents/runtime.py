@@ -16,6 +16,7 @@ from langchain_core.messages import RemoveMessage
 
 from agents.adapter_routes import policy_client
 from agents.checkpoints import make_checkpointer
+from agents.decisions import Decision
 from agents.errors import ArloopError
 from agents.events import AnswerPath, ModelStep, RunStatus, TrajectoryEvent, new_id
 from agents.guard import Guard
@@ -75,6 +76,9 @@ class AgentSpec:
     """Reflexion only: whether a failed attempt at this (filtered) message is worth another
     (None: always, within `max_attempts`). The triage agent answers a red-flag message at
     once: its guard escalates it whatever a retry would write."""
+    decision: Decision | None = None
+    """A choice in the final reply that the serving version's head makes in place of the
+    model's words (`agents.decisions`: the triage level); None: the model's words stand."""
 
     def __post_init__(self) -> None:
         """A wrong field is an AgentSpecError naming it and what it takes (agents.spec_checks)."""
@@ -301,6 +305,7 @@ class AgentRuntime:
             guard=spec.guard,
             generation=spec.generation,
             retry_when=spec.retry_when,
+            decision=spec.decision,
         )
 
     @staticmethod
@@ -351,6 +356,7 @@ class AgentRuntime:
                 "arloop.attempts": str(attempts),
             }
         metadata = metadata | {f"arloop.{k}": v for k, v in (state.get("review") or {}).items()}
+        metadata = metadata | {f"arloop.{k}": v for k, v in run.ctx.decided.items()}
         answered_by = AnswerPath(state.get("answered_by") or AnswerPath.MODEL.value)
         replaced = answered_by is not AnswerPath.MODEL
         status = STATUS_OF.get(answered_by, RunStatus(state["status"]))

@@ -37,6 +37,7 @@ import re
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from agents.events import AnswerPath, FeedbackEvent, FeedbackKind, TrajectoryEvent
 from learner.episodes import Episode
@@ -45,6 +46,13 @@ from learner.rewards import sender_scales
 from tools.base import Tool
 
 Reader = Callable[[str], str | None]
+
+
+class HeadSpec(Protocol):
+    """What the learner reads of an agent's decision: the head's name and its labels."""
+
+    name: str
+    labels: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -71,6 +79,9 @@ class Grounding:
     """The agent's stop sequences and penalties, so replays sample as the agent is served."""
     restate: Callable[[str, str], str | None] | None = None
     """A reply rewritten to state another answer, all else kept (the pack's `restate`)."""
+    decision: HeadSpec | None = None
+    """The choice the agent's version head makes (the spec's `agents.decisions.Decision`;
+    `learner.decision_heads` fits it)."""
 
 
 RESULTS = (FeedbackKind.OUTCOME, FeedbackKind.VERIFIER, FeedbackKind.REVIEW)

@@ -18,9 +18,11 @@ from learner.advantages import RunningBaseline
 from learner.behaviour import BehaviourGap, relog_behaviour
 from learner.config import RoundConfig, TrainConfig
 from learner.crashpoints import crash_point
+from learner.decision_heads import decision_examples, refit_heads
 from learner.episodes import SILENT, Episode, settle, silent_episodes, trainable_episodes
 from learner.judge import fit_judge, write_source_scores
 from learner.labels import Grounding, Label, find_labels
+from learner.policy.heads import write_heads
 from learner.policy.models import (
     CheckpointError,
     ModelNotFound,
@@ -143,9 +145,22 @@ def run_round(
     rest = [n for n in range(len(episodes)) if n not in replays.episodes]
     rest_episodes = [episodes[n] for n in rest]
     data, rewards = _training_data(store, rest_episodes, tokenizer, config, plan.grounding, scored)
-    used = {rest[n] for n in data.used} | replays.episodes
+    decided = decision_examples(episodes, labels, plan.grounding)  # labels for the heads
+    headed = {  # the runs behind them: trained into a head
+        n
+        for key, label in labels.items()
+        if getattr(plan.grounding.get(key.split("\x1f", 1)[0]), "decision", None) is not None
+        for n in label.episodes
+    }
+    used = {rest[n] for n in data.used} | replays.episodes | headed
     unusable = [i for n, e in enumerate(episodes) if n not in used for i in e.event_ids]
-    if not data.samples and not data.pairs and not data.judged and not replays.starts:
+    if (
+        not data.samples
+        and not data.pairs
+        and not data.judged
+        and not replays.starts
+        and not decided
+    ):
         store.settle(unusable, UNTRAINABLE)
         return None
     optimizer_state = (
@@ -192,7 +207,7 @@ def run_round(
     )
     pairs = data.pairs + sub.pairs + restated
     dpo = [trainer.dpo_step(c) for c in _epochs(pairs, config, stop, say, "DPO")]
-    if not pg and not kto and not sub.updates and not dpo:  # every group tied: nothing to learn
+    if not pg and not kto and not sub.updates and not dpo and not decided:  # nothing to learn
         store.settle([i for e in episodes for i in e.event_ids], UNTRAINABLE)
         return None
     counts = {
@@ -209,6 +224,8 @@ def run_round(
     metrics.update(node_metrics(rest_episodes, rewards))
     if judge is not None:
         metrics.update(judge.metrics(len(scored)))
+    heads, head_metrics = refit_heads(parent, decided, plan.grounding, plan.model_cache)
+    metrics.update(head_metrics)
     metrics["memory/peak_rss_mb"] = peak_rss_mb()  # training, sub-rounds and reward model done
     crash_point("during_train")
     trained = [i for n in sorted(used) for i in episodes[n].event_ids]
@@ -216,6 +233,7 @@ def run_round(
     def save(directory: Path) -> None:
         trainer.save(directory)
         tokenizer.save_pretrained(directory)
+        write_heads(directory, heads)
         if scored and sub.judged:  # its scores trained: the gate weighs its disagreement
             write_source_scores(directory, sub.judged)
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from agents.decisions import Decision
 from agents.packs.base import Pack, Split, Task
 from agents.packs.common import scrub_input
 from agents.packs.red_flags import assess, red_flags
@@ -109,6 +110,13 @@ KB_PASSAGES, KB_PASSAGE_CHARS = 2, 280
 """Passages per search and characters each: the answer needs the level's section, not pages."""
 
 
+LEVEL = Decision("level", LEVELS, apply=with_level, read=triage_level)
+"""The level is the version's level head's where it has one (`learner.policy.heads`): fitted
+on clinicians' dispositions, it reads the level off the base model's hidden states, which the
+135M model's own words rarely get right; the model's reply keeps its words, the `Triage:`
+line becomes the head's, and the envelope's floors and red flags still apply over it."""
+
+
 def screen() -> Screen:
     """The answer screen of the pack: its vocabulary is the knowledge base and its own texts."""
     kb = "\n".join(p.read_text(encoding="utf-8") for p in sorted(KB_DIR.glob("*.md")))
@@ -144,6 +152,7 @@ def triage() -> AgentSpec:
         guard=TriageEnvelope(checks),
         generation=GENERATION,
         retry_when=lambda question: not red_flags(question),  # escalated by rule at once
+        decision=LEVEL,
     )
 
 

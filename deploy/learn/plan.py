@@ -74,5 +74,6 @@ def groundings(packs: list[Pack], tool_format: ToolFormat) -> dict[str, Groundin
                 frequency_penalty=g.frequency_penalty or 0.0,
                 presence_penalty=g.presence_penalty or 0.0,
                 restate=pack.restate,
+                decision=agent.decision,
             )
     return out

@@ -32,6 +32,7 @@ from deploy.policy_server.access import Caller, TokenBudget, may_sample_rejected
 from deploy.policy_server.admission import Admission
 from deploy.policy_server.completions import ServerState, chat_completions
 from deploy.policy_server.engines import build_engine, choose_engine
+from deploy.policy_server.heads import HeadReader, decide
 from deploy.policy_server.heartbeat import Heartbeat
 from deploy.policy_server.metrics import PolicyMetrics
 from deploy.policy_server.openai_wire import (
@@ -107,6 +108,7 @@ def create_app(
     app = FastAPI(title="arloop policy server", lifespan=lifespan)
     app.state.policy_keys = list(settings.policy_keys)
     app.state.admission = admission  # PolicyServer closes it on SIGTERM
+    app.state.heads = HeadReader(settings.base_model, settings.model_cache)
     _install_errors(app)
     app.add_middleware(BodyLimit, max_bytes=settings.policy_max_body_bytes, error=_too_large)
     app.add_middleware(_CountRequests, metrics=metrics)
@@ -116,6 +118,7 @@ def create_app(
         responses={200: {"content": stream, "description": "A chat.completion, or its chunks"}}
         | documented(400, 401, 403, 404, 413, 429, 500, 503),
     )(chat_completions)
+    app.post("/v1/heads/{name}", responses=documented(400, 401, 403, 404, 413))(decide)
     app.get("/v1/models", responses=documented(401, 413))(list_models)
     app.get("/v1/models/{model}", responses=documented(401, 404, 413))(retrieve_model)
     health = {"content": {"application/json": {}}, "description": "Degraded: `problems` say why"}

@@ -78,7 +78,16 @@ class ScriptedLLM:
         self.fingerprints = fingerprints or {}
         self.requests: list[dict[str, Any]] = []
         self.responses: list[dict[str, Any]] = []
-        self.app = Starlette(routes=[Route("/v1/chat/completions", self._chat, methods=["POST"])])
+        self.heads: dict[str, Callable[[dict[str, Any]], str | None]] = {}
+        """A decision head per name (`POST /v1/heads/{name}`): request -> label; None or no
+        head of that name: 404, as arloop's policy server answers for a version without one."""
+        self.head_requests: list[dict[str, Any]] = []
+        self.app = Starlette(
+            routes=[
+                Route("/v1/chat/completions", self._chat, methods=["POST"]),
+                Route("/v1/heads/{name}", self._head, methods=["POST"]),
+            ]
+        )
 
     def push(self, *replies: Reply) -> None:
         self.queue.extend(replies)
@@ -87,6 +96,17 @@ class ScriptedLLM:
         if self.queue:
             return self.queue.popleft()
         return self.responder(request) if self.responder else None
+
+    async def _head(self, http: Request) -> JSONResponse:
+        request = await http.json()
+        name = http.path_params["name"]
+        self.head_requests.append({"name": name, **request})
+        head = self.heads.get(name)
+        label = head(request) if head else None
+        if label is None:
+            return JSONResponse({"error": {"message": f"no fitted head {name!r}"}}, status_code=404)
+        version = request["model"].partition("@")[2] or "champion"
+        return JSONResponse({"label": label, "probability": 0.75, "version": version})
 
     async def _chat(self, http: Request) -> JSONResponse:
         request = await http.json()

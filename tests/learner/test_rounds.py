@@ -284,3 +284,48 @@ def test_a_group_of_judged_answers_still_trains_group_relative(
     _ingest(redis_client, store, _logged_runs())  # one prompt, six runs: a GRPO group
     result = run_round(store, registry, tiny_round_plan(tmp_path, kto_judgements=True))
     assert (result.samples, result.metrics["reward_sources/kto_judged"]) == (6, 0)
+
+
+def test_labels_fit_the_decision_head_each_version_carries_on_all_labels_so_far(
+    redis_client, store, registry, tmp_path
+):
+    """A correction naming a level labels its prompt; the round fits the `level` head on it and
+    the next round refits on the parent's examples and its own."""
+    from dataclasses import replace
+
+    from agents.decisions import Decision
+    from learner.labels import Grounding
+    from learner.policy.heads import read_heads
+    from tools.verifiers import LEVELS, mentioned_level, triage_level, with_level
+
+    said = "Rest and drink water.\nTriage: self-care"
+    decision = Decision("level", LEVELS, apply=with_level)
+    grounding = {"tutor": Grounding(triage_level, mentioned_level, decision=decision)}
+    plan = replace(tiny_round_plan(tmp_path), grounding=grounding)
+
+    def labelled(prompt: str, level: str, n: int = 2) -> list:
+        events = []
+        for i in range(n):
+            t = trajectory(prompt, said, user=f"{level}{i}", logprobs=True)
+            events += [
+                t,
+                feedback(t.event_id, "correction", None, text=f"this was {level}", user=f"c{i}"),
+            ]
+        return events
+
+    _ingest(redis_client, store, labelled("my chest hurts badly", "emergency"))
+    _ingest(redis_client, store, labelled("a small cut on my thumb", "self-care"))
+    first = run_round(store, registry, plan)
+    heads = read_heads(checkpoint_path(registry.get(first.version).checkpoint_uri))
+    assert first.metrics["decision/level/new_labels"] == 2.0
+    assert heads["level"].fitted and heads["level"].labels == list(LEVELS)
+    assert sorted(e["label"] for e in heads["level"].examples) == ["emergency", "self-care"]
+    assert all("chest" not in e["prompt"] for e in heads["level"].examples)  # a digest only
+
+    _ingest(redis_client, store, labelled("my ear aches since this morning", "see a doctor"))
+    second = run_round(store, registry, plan)
+    assert second.parent == first.version
+    again = read_heads(checkpoint_path(registry.get(second.version).checkpoint_uri))["level"]
+    assert sorted(e["label"] for e in again.examples) == ["emergency", "see a doctor", "self-care"]
+    assert second.metrics["decision/level/examples"] == 3.0
+    assert second.metrics["decision/level/train_accuracy"] == 1.0

@@ -1,0 +1,72 @@
+"""A version's decision head puts its label into the model's reply, and nothing it says gets
+past the pack's guard: the triage agent on the scripted endpoint, real graph and Redis."""
+
+from __future__ import annotations
+
+import pytest
+
+from agents.events import AnswerPath
+from tests.agents.test_triage_envelope import GOOD, HEART, SORE, assert_safe, runtime, says
+from tests.fakes.scripted_llm import Reply
+from tools.verifiers import triage_level
+
+
+def _sore_throat_run(llm) -> None:
+    llm.push(Reply(tool_calls=[("kb_search", '{"query": "sore throat"}')]), Reply(content=GOOD))
+
+
+async def test_the_heads_level_replaces_the_models_and_the_run_records_both(aredis, llm):
+    llm.heads["level"] = lambda request: "see a doctor"
+    _sore_throat_run(llm)
+    event = await runtime(aredis, llm).run("triage", SORE, "u1")
+
+    assert triage_level(GOOD) == "self-care"  # what the model wrote
+    assert triage_level(event.output) == "see a doctor", event.output
+    assert (
+        event.answered_by is AnswerPath.MODEL and triage_level(event.model_answer) == "see a doctor"
+    )
+    assert event.output.split("Triage:")[0] == GOOD.split("Triage:")[0]  # its words kept
+    assert event.metadata["arloop.decision.level"] == "see a doctor"
+    assert event.metadata["arloop.decision.level.model_said"] == "self-care"
+    asked = llm.head_requests[-1]
+    assert asked["input"] == SORE and asked["model"] == llm.requests[-1]["model"]
+    assert [s.output for s in event.model_steps][-1] == GOOD  # the step keeps the model's words
+
+
+async def test_without_a_fitted_head_the_models_reply_stands(aredis, llm):
+    _sore_throat_run(llm)  # no head: the endpoint answers 404
+    event = await runtime(aredis, llm).run("triage", SORE, "u1")
+
+    assert event.output == GOOD and len(llm.head_requests) == 1
+    assert not any(k.startswith("arloop.decision") for k in event.metadata)
+
+
+@pytest.mark.parametrize("label", ["banana", "", "Triage: emergency"])
+async def test_a_label_the_decision_does_not_know_is_ignored(aredis, llm, label):
+    llm.heads["level"] = lambda request: label
+    _sore_throat_run(llm)
+    event = await runtime(aredis, llm).run("triage", SORE, "u1")
+
+    assert event.output == GOOD
+
+
+@pytest.mark.parametrize("head_level", ["self-care", "see a doctor", "urgent"])
+async def test_a_head_cannot_lower_a_red_flag(aredis, llm, head_level):
+    llm.heads["level"] = lambda request: head_level
+    llm.responder = says(f"Rest at home. {GOOD}")
+    event = await runtime(aredis, llm).run("triage", HEART, "u1")
+
+    assert triage_level(event.output) == "emergency", event.output
+    assert event.answered_by is not AnswerPath.MODEL
+    assert_safe(HEART, event.output)
+
+
+async def test_a_failing_head_endpoint_leaves_the_reply_and_the_run_ok(aredis, llm):
+    def broken(request):
+        raise RuntimeError("head crashed")  # the fake answers 500
+
+    llm.heads["level"] = broken
+    _sore_throat_run(llm)
+    event = await runtime(aredis, llm).run("triage", SORE, "u1")
+
+    assert event.output == GOOD
