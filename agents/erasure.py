@@ -12,6 +12,7 @@ in its weights: erasure removes the data, it does not retrain.
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import asdict, dataclass
 
@@ -54,9 +55,9 @@ async def forget_user(client: aioredis.Redis, user_id: str) -> Erased:
         await checkpoints.adelete_thread(thread_id)
         await client.delete(thread_key(thread_id), lock_key(thread_id))
     memories = await _delete_matching(client, f"{MEMORY_PREFIX}:{user_id}:*")
-    events = 0
-    for stream in STREAMS:
-        events += await _delete_entries(client, stream, json.dumps(user_id).encode())
+    events, runs = 0, set()
+    for stream in STREAMS:  # runs first: the feedback on them goes too, a reviewer's included
+        events += await _delete_entries(client, stream, json.dumps(user_id).encode(), runs)
     await client.hset(FORGET_REQUESTS, user_id, f"{time.time():.3f}")
     return Erased(threads=len(threads), memories=memories, events=events)
 
@@ -87,18 +88,38 @@ async def _delete_matching(client: aioredis.Redis, pattern: str) -> int:
     return len(keys)
 
 
-async def _delete_entries(client: aioredis.Redis, stream: str, quoted_user: bytes) -> int:
+async def _delete_entries(
+    client: aioredis.Redis, stream: str, quoted_user: bytes, runs: set[bytes]
+) -> int:
     """XDEL every entry whose event names the user (its JSON holds `"<user id>"`: pseudonyms
-    are unique strings, and a poison entry that does not parse is matched all the same)."""
+    are unique strings, and a poison entry that does not parse is matched all the same), or is
+    about one of `runs` (the ids of the user's runs deleted so far: the trajectory stream's
+    entries add theirs, so feedback from others on them, a reviewer's verdict, goes too)."""
     start, deleted = "-", 0
     while True:
         batch = await client.xrange(stream, min=start, count=SCAN_COUNT)
-        mine = [entry_id for entry_id, fields in batch if quoted_user in _data(fields)]
+        mine = []
+        for entry_id, fields in batch:
+            data = _data(fields)
+            about = _ABOUT_RUN.search(data)
+            if quoted_user in data or (about is not None and about.group(1) in runs):
+                mine.append(entry_id)
+                if stream == STREAM_TRAJECTORIES:
+                    runs.add(_event_id(fields))
         if mine:
             deleted += await client.xdel(stream, *mine)
         if len(batch) < SCAN_COUNT:
             return deleted
         start = "(" + as_text(batch[-1][0])
+
+
+_ABOUT_RUN = re.compile(rb'"trajectory_id":"([^"\\]+)"')
+"""The run a feedback event is about, as `model_dump_json` writes it."""
+
+
+def _event_id(fields: dict) -> bytes:
+    value = fields.get(b"event_id", fields.get("event_id", b""))
+    return value if isinstance(value, bytes) else value.encode()
 
 
 def _data(fields: dict) -> bytes:

@@ -123,3 +123,16 @@ def test_bad_verdicts_are_clear_4xx(start_api, llm):
     assert post({"score": 1}, "traj_nothing").status_code == 404
     assert post({"score": 1, "cursor": "abc"}).status_code == 422
     assert post({"score": 1, "text": "  "}).status_code == 202  # a blank text is no text
+
+
+def test_erasing_a_user_erases_the_reviews_of_their_runs(start_api, llm, redis_client):
+    api = start_api(specs=guarded_specs(), api_keys=keys())
+    llm.push(Reply(content="4"), Reply(content="6"))
+    bob = api.run("2+2?", user="bob").json()["trajectory_id"]
+    carol = api.run("3+3?", user="carol").json()["trajectory_id"]
+    for tid in (bob, carol):
+        verdict = {"score": 1, "text": "fine"}
+        assert api.http.post(f"/v1/review/{tid}", json=verdict, headers=REVIEWER).status_code == 202
+    assert api.http.delete("/v1/users/bob").status_code == 200
+    left = [decode(f) for _, f in redis_client.xrange(STREAM_FEEDBACK)]
+    assert [e.trajectory_id for e in left] == [carol]  # the reviewer's other verdict stays
