@@ -39,8 +39,10 @@ MAX_EXAMPLES = 4096
 
 
 def head_layer(config: Any) -> int:
-    """The hidden layer a head reads: just past the middle (16 of SmolLM2's 30)."""
-    return int(config.num_hidden_layers) // 2 + 1
+    """The hidden layer a head reads: just past the middle (16 of SmolLM2's 30), below the
+    last (whose `hidden_states` entry has the final norm applied)."""
+    layers = int(config.num_hidden_layers)
+    return max(1, min(layers // 2 + 1, layers - 1))
 
 
 def prompt_digest(prompt: str) -> str:
@@ -48,19 +50,36 @@ def prompt_digest(prompt: str) -> str:
     return hashlib.sha256(prompt.encode("utf-8")).hexdigest()[:32]
 
 
+class _Reached(Exception):
+    """Raised by the hook on the layer a head reads: the layers above it are not run."""
+
+    def __init__(self, states: torch.Tensor) -> None:
+        self.states = states
+
+
 @torch.no_grad()
 def features(
     model: torch.nn.Module, tokenizer: Any, texts: Sequence[str], layer: int
 ) -> torch.Tensor:
-    """(N, H) float64: each text as a lone user message, its layer's hidden states averaged."""
+    """(N, H) float64: each text as a lone user message, its layer's hidden states averaged
+    (`hidden_states[layer]`, the output of decoder layer `layer - 1`; nothing above it runs)."""
+
+    def stop(module: Any, args: Any, output: Any) -> None:
+        raise _Reached(output[0] if isinstance(output, tuple) else output)
+
+    hook = model.model.layers[layer - 1].register_forward_hook(stop)
     rows = []
-    for text in texts:  # one at a time: no padding, the same numbers in the server and here
-        ids = tokenizer.apply_chat_template(
-            [{"role": "user", "content": text}], return_tensors="pt", return_dict=True
-        )["input_ids"]  # (1, T)
-        ids = ids[:, -2048:]
-        states = model(ids.to(model.device), output_hidden_states=True).hidden_states[layer]
-        rows.append(states[0].mean(0).double().cpu())  # (H,)
+    try:
+        for text in texts:  # one at a time: no padding, the same numbers in the server and here
+            ids = tokenizer.apply_chat_template(
+                [{"role": "user", "content": text}], return_tensors="pt", return_dict=True
+            )["input_ids"][:, -2048:]  # (1, T)
+            try:
+                model(ids.to(model.device))
+            except _Reached as reached:
+                rows.append(reached.states.reshape(ids.shape[1], -1).mean(0).double().cpu())  # (H,)
+    finally:
+        hook.remove()
     return torch.stack(rows) if rows else torch.zeros(0, 0, dtype=torch.float64)
 
 

@@ -83,3 +83,19 @@ def test_features_of_a_text_do_not_depend_on_the_others_read_with_it():
 def test_a_prompt_is_kept_as_a_digest_not_its_text():
     digest = prompt_digest("triage\x1fmy baby is 3 weeks old with a fever")
     assert "baby" not in digest and len(digest) == 32
+
+
+def test_features_stop_at_their_layer_and_equal_the_full_forwards_hidden_states():
+    model, tokenizer = load_base("tiny", cache_dir=MODEL_CACHE)
+    layer = head_layer(model.config)
+    text = "my ear hurts since this morning"
+    ids = tokenizer.apply_chat_template(
+        [{"role": "user", "content": text}], return_tensors="pt", return_dict=True
+    )["input_ids"]
+    with torch.no_grad():
+        full = model(ids, output_hidden_states=True).hidden_states[layer][0].mean(0).double()
+
+    hooks = dict(model.model.layers[layer - 1]._forward_hooks)
+
+    assert torch.allclose(features(model, tokenizer, [text], layer)[0], full, atol=1e-6)
+    assert dict(model.model.layers[layer - 1]._forward_hooks) == hooks  # its hook is gone
