@@ -77,7 +77,8 @@ def test_every_page_and_static_file_refuses_framing_sniffing_and_inline_script(s
 def test_the_pages_html_has_no_inline_script_or_style():
     for file in PAGES.values():
         html = (STATIC_DIR / file).read_text()
-        assert html.count("<script") == html.count("<script src=") == 2, file
+        scripts = html.count("<script")  # every one a file of this origin (common.js and its own)
+        assert scripts == html.count('<script src="/static/') >= 2, file
         assert "<style" not in html and not re.search(r"\s(style|on[a-z]+)\s*=", html, re.I), file
 
 
