@@ -87,4 +87,5 @@ def _shown(value: object) -> str:
     if isinstance(value, (str, int, float, type(None))):
         text = repr(value)
         return text if len(text) <= 60 else text[:57] + "..."
-    return f"a {type(value).__name__}"
+    name = type(value).__name__
+    return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"

@@ -41,6 +41,7 @@ def error_boundary(
     from redis.exceptions import TimeoutError as RedisSlow
 
     from deploy.redis_conn import RedisModeMismatch, RedisUnreachable
+    from deploy.start_checks import StartRefused
 
     try:
         return run()
@@ -55,6 +56,9 @@ def error_boundary(
             "pip install 'arloop[learn]'",
             err=True,
         )
+    except StartRefused as exc:
+        for line in exc.problems:
+            typer.echo(f"arloop {command}: {line}", err=True)
     except refused as exc:
         typer.echo(f"arloop {command}: {exc}", err=True)
     except (RedisModeMismatch, RedisUnreachable) as exc:

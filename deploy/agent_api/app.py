@@ -56,6 +56,7 @@ from deploy.body_limit import BodyLimit
 from deploy.embedded_redis import ensure_redis
 from deploy.logs import bind, setup_logging
 from deploy.settings import AgentApiSettings
+from deploy.start_checks import port_free, refuse
 from deploy.telemetry import setup_tracing
 
 log = logging.getLogger(__name__)
@@ -231,6 +232,7 @@ def serve() -> None:
     settings = AgentApiSettings()
     setup_logging("agent_api", settings.log_level, settings.log_format)
     setup_tracing("agent_api", settings.otlp_endpoint)
+    _check_start(settings)  # StartRefused, every problem at once, before Redis is started
     url = ensure_redis(settings.redis_url, settings.data_dir)
     until = "/healthz reports not ready until it answers"
     redis_conn.wait_for(url, settings, log.warning, until=until, background=True)
@@ -247,6 +249,21 @@ def serve() -> None:
         http="httptools" if fast else "auto",
         log_config=None,  # uvicorn's lines go through setup_logging's handler
         access_log=False,  # a line per run instead: an access line per feedback costs ingest rate
+    )
+
+
+def _check_start(settings: AgentApiSettings) -> None:
+    """The port is free and the packs load, with their agents' models: all problems at once."""
+    from agents.packs import PackNotFound
+    from agents.spec_checks import AgentSpecError
+
+    def agents() -> None:
+        with_models(_agents_of(_load_packs(settings.packs), settings.packs), settings.agent_models)
+
+    refuse(
+        lambda: port_free(settings.host, settings.port, "AGENTS", "--port"),
+        agents,
+        errors=(PackNotFound, ModelRouteError, AgentSpecError),
     )
 
 

@@ -261,12 +261,17 @@ class _CountRequests:
 def serve() -> None:
     """`arloop serve policy`: settings from ARLOOP_*, Redis (embedded if unset), then uvicorn."""
     from deploy.embedded_redis import ensure_redis
-    from learner.policy.models import check_base
+    from deploy.start_checks import port_free, refuse
+    from learner.policy.models import ModelNotFound, check_base
 
     settings = PolicyServerSettings()
     setup_logging("policy_server", settings.log_level, settings.log_format)
-    # ModelNotFound (a message, exit 2) before anything starts or the registry records its v0
-    check_base(settings.base_model, cache_dir=settings.model_cache)
+    # every problem at once (exit 2) before anything starts or the registry records its v0
+    refuse(
+        lambda: port_free(settings.host, settings.port, "POLICY", "--port"),
+        lambda: check_base(settings.base_model, cache_dir=settings.model_cache),
+        errors=(ModelNotFound,),
+    )
     engine = choose_engine(settings)  # EngineUnavailable (a message, exit 2) before anything starts
     url = ensure_redis(settings.redis_url, settings.data_dir)
     until = "the policy server starts when it answers (it reads the registry first)"

@@ -3,6 +3,7 @@ one line per problem naming the fix, exit 2, no traceback, nothing written to th
 no process left behind."""
 
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -137,3 +138,72 @@ def _healthz(port: int, until: int, timeout_s: float = 60) -> int | None:
             return status
         time.sleep(0.3)
     return status
+
+
+def lines(result: subprocess.CompletedProcess) -> list[str]:
+    """The lines a refused start printed, one per problem (exit 2, no traceback)."""
+    out = (result.stdout + result.stderr).strip()
+    assert result.returncode == 2, out
+    assert "Traceback" not in out, out
+    return out.splitlines()
+
+
+@pytest.fixture
+def taken_port():
+    """A port something else listens on."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        yield holder.getsockname()[1]
+
+
+@pytest.mark.parametrize(("command", "process"), [("agents", "AGENTS"), ("policy", "POLICY")])
+def test_a_port_in_use_is_one_line_naming_port_and_the_setting(
+    command, process, taken_port, redis_url, tmp_path
+):
+    result = arloop(
+        "serve",
+        command,
+        "--port",
+        str(taken_port),
+        ARLOOP_REDIS_URL=redis_url,
+        ARLOOP_BASE_MODEL="tiny",
+        ARLOOP_DATA_DIR=str(tmp_path),
+    )
+    line = one_line(result)
+    assert f"port {taken_port} on 127.0.0.1 is already in use" in line
+    assert f"--port {taken_port + 1} or ARLOOP_{process}_PORT={taken_port + 1}" in line
+
+
+def test_every_problem_of_a_start_is_reported_at_once_before_redis_starts(taken_port, tmp_path):
+    result = arloop(
+        "serve",
+        "policy",
+        "--port",
+        str(taken_port),
+        ARLOOP_BASE_MODEL="smolm2",
+        ARLOOP_DATA_DIR=str(tmp_path),
+    )
+    said = lines(result)
+    assert len(said) == 2, said
+    assert f"port {taken_port} on 127.0.0.1 is already in use" in said[0]
+    assert "ARLOOP_BASE_MODEL='smolm2' does not load" in said[1]
+    assert not (tmp_path / "redis").exists()  # the embedded Redis was never started
+
+
+def test_a_pack_with_a_wrong_agent_kind_is_refused_in_one_line(tmp_path, taken_port):
+    (tmp_path / "graph_pack.py").write_text(
+        "from agents.packs import Pack\nfrom agents.runtime import AgentSpec\n"
+        "pack = Pack('mine', (AgentSpec(name='mine', description='d', system_prompt='s', "
+        "kind=object()),))\n"
+    )
+    result = arloop(
+        "serve",
+        "agents",
+        ARLOOP_PACKS='["graph_pack:pack"]',
+        ARLOOP_DATA_DIR=str(tmp_path),
+        PYTHONPATH=str(tmp_path),
+    )
+    line = one_line(result)
+    assert "AgentSpec 'mine': kind is an object, not one of 'react', 'reflexion'" in line
+    assert line.startswith("arloop serve agents: agent pack 'graph_pack:pack': ")
