@@ -125,32 +125,13 @@ class CommonSettings(BaseSettings):
         return self
 
     @model_validator(mode="after")
-    def _redis_with_credentials_in_production(self) -> CommonSettings:
+    def _nothing_weak_in_production(self) -> CommonSettings:
+        """Every production problem at once, one line each (`production_problems`)."""
         if self.env != "production":
             return self
-        if not self.redis_url:
-            raise ValueError(
-                "ARLOOP_REDIS_URL must be set in production: the embedded Redis has no password. "
-                "Set it to a Redis with an ACL user and password, e.g. "
-                "ARLOOP_REDIS_URL=rediss://arloop-agents:<password>@redis.internal:6379/0"
-            )
-        if not (urlsplit(self.redis_url).password or self.redis_password):
-            raise ValueError(
-                "ARLOOP_REDIS_URL has no credentials: in production any process that reaches "
-                "that Redis could move the champion alias. Give it a user and password "
-                "(redis://<user>:<password>@host:6379/0, or ARLOOP_REDIS_USERNAME and "
-                "ARLOOP_REDIS_PASSWORD); deploy/manifests/redis-acl.conf has one user per process"
-            )
-        password = self.redis_password or SecretStr(
-            unquote(urlsplit(self.redis_url).password or "")
-        )
-        why = key_weakness(password.get_secret_value())
-        if why:
-            raise ValueError(
-                f"the Redis password (ARLOOP_REDIS_PASSWORD, else ARLOOP_REDIS_URL's) is too weak "
-                f"for production ({why}): give the process's Redis user a random one, e.g. "
-                f"`{HOW_TO_MAKE_ONE}`"
-            )
+        problems = self.production_problems()
+        if problems:
+            raise ValueError("\n".join(problems))
         host = getattr(self, "host", None)
         if host in EVERY_INTERFACE:
             log.warning(
@@ -160,6 +141,34 @@ class CommonSettings(BaseSettings):
                 host,
             )
         return self
+
+    def production_problems(self) -> list[str]:
+        """What production refuses in these settings, each with its fix (each process's class
+        adds its own)."""
+        if not self.redis_url:
+            return [
+                "ARLOOP_REDIS_URL must be set in production: the embedded Redis has no password. "
+                "Set it to a Redis with an ACL user and password, e.g. "
+                "ARLOOP_REDIS_URL=rediss://arloop-agents:<password>@redis.internal:6379/0"
+            ]
+        if not (urlsplit(self.redis_url).password or self.redis_password):
+            return [
+                "ARLOOP_REDIS_URL has no credentials: in production any process that reaches "
+                "that Redis could move the champion alias. Give it a user and password "
+                "(redis://<user>:<password>@host:6379/0, or ARLOOP_REDIS_USERNAME and "
+                "ARLOOP_REDIS_PASSWORD); deploy/manifests/redis-acl.conf has one user per process"
+            ]
+        password = self.redis_password or SecretStr(
+            unquote(urlsplit(self.redis_url).password or "")
+        )
+        why = key_weakness(password.get_secret_value())
+        if why:
+            return [
+                f"the Redis password (ARLOOP_REDIS_PASSWORD, else ARLOOP_REDIS_URL's) is too weak "
+                f"for production ({why}): give the process's Redis user a random one, e.g. "
+                f"`{HOW_TO_MAKE_ONE}`"
+            ]
+        return []
 
     def redis_options(self, url: str, *, asyncio: bool = False) -> dict[str, Any]:
         """redis-py client arguments: credentials, TLS, health checks, retries (`asyncio`:
@@ -231,15 +240,15 @@ class PolicyEndpointSettings(CommonSettings):
     logprobs), `vllm` (token ids, logprobs), `other` (any other provider: plain requests, runs
     not trainable), or `auto`: `openai/arloop` is ours, `hosted_vllm/...` vLLM, else other."""
 
-    @model_validator(mode="after")
-    def _no_placeholder_policy_key_in_production(self) -> PolicyEndpointSettings:
-        why = placeholder(self.policy_api_key) if self.env == "production" else None
+    def production_problems(self) -> list[str]:
+        out = super().production_problems()
+        why = placeholder(self.policy_api_key)
         if why:
-            raise ValueError(
+            out.append(
                 f"ARLOOP_POLICY_API_KEY is {why}: replace it with this process's key in the "
                 f"policy server's ARLOOP_POLICY_KEYS, a random one, e.g. `{HOW_TO_MAKE_ONE}`"
             )
-        return self
+        return out
 
     def policy_config(self) -> PolicyConfig:
         """The policy client's configuration: this endpoint, called as this process calls it."""
@@ -381,19 +390,16 @@ class AgentApiSettings(PolicyEndpointSettings):
         return plain_keys(value)
 
     @model_validator(mode="after")
-    def _no_weak_secrets_in_production(self) -> AgentApiSettings:
+    def _signed_keys_need_a_secret(self) -> AgentApiSettings:
         if any(k.identity is Identity.SIGNED for k in self.api_keys) and not self.user_token_secret:
             raise ValueError(
                 "an API key has identity 'signed' but ARLOOP_USER_TOKEN_SECRET is unset: set it "
                 f"to the secret your app signs user tokens with (`{HOW_TO_MAKE_ONE}`)"
             )
-        if self.env == "production":
-            for problem in self._weak_in_production():
-                raise ValueError(problem)
         return self
 
-    def _weak_in_production(self) -> list[str]:
-        out = []
+    def production_problems(self) -> list[str]:
+        out = super().production_problems()
         why = weakness(self.secret_key, SECRET_MIN_CHARS, SECRET_MIN_BITS)
         if self.secret_key == DEV_SECRET or why:
             out.append(

@@ -25,7 +25,8 @@ def explain(exc: ValidationError | SettingsError, cls: type[BaseModel]) -> list[
     """One line per problem in `exc`, raised while `cls` read the environment."""
     if isinstance(exc, SettingsError):
         return [_undecodable(exc, cls)]
-    return [_line(err, cls) for err in exc.errors(include_url=False)]
+    errors = exc.errors(include_url=False)
+    return [line for err in errors for line in _line(err, cls).splitlines()]  # several at once
 
 
 def _undecodable(exc: SettingsError, cls: type[BaseModel]) -> str:

@@ -10,7 +10,6 @@ from typing import Any, Literal
 from pydantic import (
     Field,
     field_validator,
-    model_validator,
 )
 
 from deploy.credentials import (
@@ -111,20 +110,18 @@ class PolicyServerSettings(ModelSettings):
     def _bare_policy_keys(cls, value: Any) -> Any:
         return plain_keys(value)
 
-    @model_validator(mode="after")
-    def _keys_in_production(self) -> PolicyServerSettings:
-        if self.env != "production":
-            return self
+    def production_problems(self) -> list[str]:
+        out = super().production_problems()
         if not self.policy_keys:
-            raise ValueError(
+            out.append(
                 "ARLOOP_POLICY_KEYS is empty: in production every client of the policy server "
                 f"needs its own key, e.g. `{HOW_TO_MAKE_ONE}`"
             )
         for k in self.policy_keys:
             why = key_weakness(k.key.get_secret_value())
             if why:
-                raise ValueError(
+                out.append(
                     f"policy key {k.name!r} is too weak for production ({why}): replace it in "
                     f"ARLOOP_POLICY_KEYS with a random one, e.g. `{HOW_TO_MAKE_ONE}`"
                 )
-        return self
+        return out

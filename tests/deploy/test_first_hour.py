@@ -207,3 +207,23 @@ def test_a_pack_with_a_wrong_agent_kind_is_refused_in_one_line(tmp_path, taken_p
     line = one_line(result)
     assert "AgentSpec 'mine': kind is an object, not one of 'react', 'reflexion'" in line
     assert line.startswith("arloop serve agents: agent pack 'graph_pack:pack': ")
+
+
+@pytest.mark.parametrize(("command", "n"), [("agents", 3), ("policy", 2)])
+def test_production_problems_are_reported_all_at_once(command, n, tmp_path):
+    result = arloop(
+        "serve",
+        command,
+        ARLOOP_ENV="production",
+        ARLOOP_SECRET_KEY="short",
+        ARLOOP_API_KEYS='["dev-key"]',
+        ARLOOP_DATA_DIR=str(tmp_path),
+    )
+    said = lines(result)
+    assert len(said) == n, said
+    assert all(line.startswith(f"arloop serve {command}: ") for line in said), said
+    assert "ARLOOP_REDIS_URL must be set in production" in said[0]
+    if command == "agents":
+        assert "ARLOOP_SECRET_KEY is too weak" in said[1] and "development key" in said[2]
+    else:
+        assert "ARLOOP_POLICY_KEYS is empty" in said[1]

@@ -67,7 +67,11 @@ def clean_env(monkeypatch):
         ),
         (
             AgentApiSettings,
-            {"ARLOOP_ENV": "production"},  # a check across fields names its variables itself
+            {  # a check across fields names its variables itself
+                "ARLOOP_ENV": "production",
+                "ARLOOP_SECRET_KEY": "p8Kq2_Zr7Lx-Wm4Nv9Bt3Yc6Hd1Jf5Gs0Ae",
+                "ARLOOP_API_KEYS": '["qV3x-9ZpLw2T_kR7mNa4Bc8YdE1fGh6J"]',
+            },
             "ARLOOP_REDIS_URL must be set in production",
         ),
     ],
@@ -82,6 +86,19 @@ def test_each_error_is_one_line_with_the_variable_the_value_and_an_example(
     (explained,) = explain(caught.value, cls)
     assert explained.startswith(line), explained
     assert "\n" not in explained
+
+
+def test_every_production_problem_gets_its_own_line(clean_env):
+    clean_env.setenv("ARLOOP_ENV", "production")
+    clean_env.setenv("ARLOOP_SECRET_KEY", "short")
+    with pytest.raises(ValidationError) as caught:
+        AgentApiSettings(_env_file=None)
+    explained = explain(caught.value, AgentApiSettings)
+    assert [line.split(" ")[0] for line in explained] == [
+        "ARLOOP_REDIS_URL",
+        "ARLOOP_SECRET_KEY",
+        "API",  # the development key
+    ], explained
 
 
 def test_every_bad_variable_gets_its_own_line(clean_env):
