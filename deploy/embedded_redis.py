@@ -113,15 +113,41 @@ def start_redis(
 
 def ensure_redis(redis_url: str | None, data_dir: Path) -> str:
     """The URL to use: the configured one, else the embedded server (reused if already up)."""
-    if redis_url:
-        return redis_url
-    directory = data_dir / "redis"
-    port_file = directory / "port"
+    return redis_url or _running(data_dir) or start_redis(data_dir / "redis", detach=True).url
+
+
+class StartGuard:
+    """`ensure_redis` for a process's start, remembering whether it started the embedded
+    server: `abandon()` stops the one it started, so a start that fails leaves no process
+    behind (one it found running, or one a served process leaves up for the others, stays)."""
+
+    def __init__(self) -> None:
+        self.started: RedisProcess | None = None
+
+    def ensure(self, redis_url: str | None, data_dir: Path) -> str:
+        if redis_url:
+            return redis_url
+        url = _running(data_dir)
+        if url:
+            return url
+        self.started = start_redis(data_dir / "redis", detach=True)
+        return self.started.url
+
+    def abandon(self) -> None:
+        """Stop the embedded server this start started, if any."""
+        if self.started is not None:
+            self.started.stop()
+            self.started = None
+
+
+def _running(data_dir: Path) -> str | None:
+    """The URL of the embedded server of `data_dir` when it is up."""
+    port_file = data_dir / "redis" / "port"
     if port_file.exists():
         url = f"redis://127.0.0.1:{port_file.read_text().strip()}/0"
         if _ping(url):
             return url
-    return start_redis(directory, detach=True).url
+    return None
 
 
 def stop_embedded(data_dir: Path) -> bool:

@@ -53,7 +53,7 @@ from deploy.agent_api.services import open_services, phi_scrubber, score_rule_of
 from deploy.agent_api.streaming import router as streaming_router
 from deploy.agent_api.users import router as users_router
 from deploy.body_limit import BodyLimit
-from deploy.embedded_redis import ensure_redis
+from deploy.embedded_redis import StartGuard, ensure_redis
 from deploy.logs import bind, setup_logging
 from deploy.settings import AgentApiSettings
 from deploy.start_checks import port_free, refuse
@@ -233,14 +233,28 @@ def serve() -> None:
     setup_logging("agent_api", settings.log_level, settings.log_format)
     setup_tracing("agent_api", settings.otlp_endpoint)
     _check_start(settings)  # StartRefused, every problem at once, before Redis is started
-    url = ensure_redis(settings.redis_url, settings.data_dir)
-    until = "/healthz reports not ready until it answers"
-    redis_conn.wait_for(url, settings, log.warning, until=until, background=True)
-    redis_conn.check_mode(settings.redis_url, settings)  # a cluster without the cluster client
-    app = create_app(settings.model_copy(update={"redis_url": url}))
+    guard, server = StartGuard(), None
+    try:
+        url = guard.ensure(settings.redis_url, settings.data_dir)
+        until = "/healthz reports not ready until it answers"
+        redis_conn.wait_for(url, settings, log.warning, until=until, background=True)
+        redis_conn.check_mode(settings.redis_url, settings)  # a cluster without the cluster client
+        app = create_app(settings.model_copy(update={"redis_url": url}))
+        server = uvicorn.Server(_uvicorn_config(app, settings))
+        server.run()
+    finally:
+        if server is None or not server.started:
+            guard.abandon()  # a failed start leaves no embedded Redis behind
+    if not server.started:  # the lifespan failed (its log says why), as uvicorn.run exits
+        raise SystemExit(3)
+
+
+def _uvicorn_config(app: FastAPI, settings: AgentApiSettings):
+    import uvicorn
+
     # uvloop + httptools roughly doubled an ingest endpoint's rate here; both are optional.
     fast = all(importlib.util.find_spec(m) for m in ("uvloop", "httptools"))
-    uvicorn.run(
+    return uvicorn.Config(
         app,
         host=settings.host,
         port=settings.port,

@@ -24,7 +24,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from deploy import redis_conn
-from deploy.embedded_redis import RedisUnavailable, ensure_redis
+from deploy.embedded_redis import RedisUnavailable, StartGuard, ensure_redis
 from deploy.learn import integrity
 from deploy.learn.lease import LearnerLease, LeaseHeld, holder_name
 from deploy.learn.metrics import LearnerTelemetry, serve_metrics
@@ -396,6 +396,7 @@ def main(once: bool = False) -> int:
     from learner.policy.registry import BaseModelMismatch
 
     console = Console(soft_wrap=True)  # one line per round, also in a log file
+    guard = StartGuard()  # a refused start stops the embedded Redis it started
     try:
         settings = LearnerSettings()
         setup_logging("learner", settings.log_level, settings.log_format)
@@ -414,7 +415,12 @@ def main(once: bool = False) -> int:
         if settings.redis_url:  # (the embedded one is started and answers, or says why not)
             until = "the learner starts when it answers (Ctrl-C to stop)"
             wait_for(settings.redis_url, settings, console.print, until=until, wait=not once)
-        learner = Learner(settings, console, world=world)
+        guard.ensure(settings.redis_url, settings.data_dir)  # the Learner finds it up
+        try:
+            learner = Learner(settings, console, world=world)
+        except BaseException:
+            guard.abandon()
+            raise
         if settings.metrics_port and not once:
             _serve_metrics(learner, settings, console)
         return learner.run(once=once)
@@ -436,6 +442,7 @@ def main(once: bool = False) -> int:
     except PeerLost as exc:
         console.print(f"[red]arloop learn: stopped[/]: {escape(str(exc))}; relaunch: {LAUNCH_LINE}")
         return 3
+    guard.abandon()
     return 2
 
 

@@ -260,7 +260,7 @@ class _CountRequests:
 
 def serve() -> None:
     """`arloop serve policy`: settings from ARLOOP_*, Redis (embedded if unset), then uvicorn."""
-    from deploy.embedded_redis import ensure_redis
+    from deploy.embedded_redis import StartGuard
     from deploy.start_checks import port_free, refuse
     from learner.policy.models import ModelNotFound, check_base
 
@@ -273,32 +273,37 @@ def serve() -> None:
         errors=(ModelNotFound,),
     )
     engine = choose_engine(settings)  # EngineUnavailable (a message, exit 2) before anything starts
-    url = ensure_redis(settings.redis_url, settings.data_dir)
-    until = "the policy server starts when it answers (it reads the registry first)"
-    redis_conn.wait_for(url, settings, log.warning, until=until)
-    redis_conn.check_mode(settings.redis_url, settings)
-    # BaseModelMismatch (a message, exit 2) before serving another base than the registry's v0
-    PolicyRegistry(settings.redis_client(url)).ensure_base(settings.base_model)
-    settings = settings.model_copy(update={"redis_url": url, "policy_engine": engine})
-    log.info(
-        "policy server on http://%s:%d/v1 (redis %s, base %s, tool format %s, engine %s)",
-        settings.host,
-        settings.port,
-        url,
-        settings.base_model,
-        tool_format_of(settings),
-        engine,
-    )
-    app = create_app(settings)
-    config = uvicorn.Config(
-        app,
-        host=settings.host,
-        port=settings.port,
-        log_level=settings.log_level.lower(),
-        log_config=None,  # uvicorn's lines, access lines too, go through setup_logging's handler
-    )
-    server = PolicyServer(config, app.state.admission)
-    server.run()
+    guard, server = StartGuard(), None
+    try:
+        url = guard.ensure(settings.redis_url, settings.data_dir)
+        until = "the policy server starts when it answers (it reads the registry first)"
+        redis_conn.wait_for(url, settings, log.warning, until=until)
+        redis_conn.check_mode(settings.redis_url, settings)
+        # BaseModelMismatch (a message, exit 2) before serving another base than the registry's v0
+        PolicyRegistry(settings.redis_client(url)).ensure_base(settings.base_model)
+        settings = settings.model_copy(update={"redis_url": url, "policy_engine": engine})
+        log.info(
+            "policy server on http://%s:%d/v1 (redis %s, base %s, tool format %s, engine %s)",
+            settings.host,
+            settings.port,
+            url,
+            settings.base_model,
+            tool_format_of(settings),
+            engine,
+        )
+        app = create_app(settings)
+        config = uvicorn.Config(
+            app,
+            host=settings.host,
+            port=settings.port,
+            log_level=settings.log_level.lower(),
+            log_config=None,  # uvicorn's lines, access lines too, go through setup_logging's handler
+        )
+        server = PolicyServer(config, app.state.admission)
+        server.run()
+    finally:
+        if server is None or not server.started:
+            guard.abandon()  # a failed start leaves no embedded Redis behind
     if not server.started:  # the lifespan failed (its log says why), as uvicorn.run exits
         raise SystemExit(3)
 

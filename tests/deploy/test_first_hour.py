@@ -11,8 +11,12 @@ from pathlib import Path
 
 import httpx
 import pytest
+import redis
 
 from deploy.embedded_redis import free_port, start_redis
+from learner.policy.models import resolve_base
+from learner.policy.registry import PolicyRegistry
+from tests.model_cache import MODEL_CACHE
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -227,3 +231,61 @@ def test_production_problems_are_reported_all_at_once(command, n, tmp_path):
         assert "ARLOOP_SECRET_KEY is too weak" in said[1] and "development key" in said[2]
     else:
         assert "ARLOOP_POLICY_KEYS is empty" in said[1]
+
+
+def _embedded_left_running(data_dir: Path) -> bool:
+    """Whether the embedded Redis of `data_dir` still answers after the command exited."""
+    port = (data_dir / "redis" / "port").read_text().strip()  # it was started: its port
+    try:
+        with redis.Redis(port=int(port), socket_connect_timeout=0.5) as client:
+            return bool(client.ping())
+    except redis.RedisError:
+        return False
+
+
+def test_a_refused_learner_start_stops_the_embedded_redis_it_started(tmp_path):
+    result = arloop(
+        "learn",
+        "--once",
+        ARLOOP_EVAL_PACKS='["nope"]',
+        ARLOOP_BASE_MODEL="tiny",
+        ARLOOP_DATA_DIR=str(tmp_path),
+    )
+    assert "unknown agent pack 'nope'" in one_line(result)
+    assert not _embedded_left_running(tmp_path)
+
+
+def test_a_refused_policy_server_start_stops_the_embedded_redis_it_started(tmp_path):
+    before = start_redis(tmp_path / "redis")  # a registry made with another base model
+    with redis.Redis.from_url(before.url) as client:
+        PolicyRegistry(client).ensure_base("tiny")
+    before.stop()
+    other = str(resolve_base("tiny", cache_dir=MODEL_CACHE))
+    result = arloop(
+        "serve",
+        "policy",
+        "--port",
+        str(free_port()),
+        ARLOOP_BASE_MODEL=other,
+        ARLOOP_POLICY_ENGINE="transformers",
+        ARLOOP_DATA_DIR=str(tmp_path),
+    )
+    assert "but this registry (its v0) was created with 'tiny'" in one_line(result)
+    assert (tmp_path / "redis" / "port").read_text().strip() != str(before.port)  # restarted
+    assert not _embedded_left_running(tmp_path)
+
+
+def test_a_start_that_finds_the_embedded_redis_running_leaves_it_running(tmp_path):
+    running = start_redis(tmp_path / "redis")
+    try:
+        result = arloop(
+            "learn",
+            "--once",
+            ARLOOP_EVAL_PACKS='["nope"]',
+            ARLOOP_BASE_MODEL="tiny",
+            ARLOOP_DATA_DIR=str(tmp_path),
+        )
+        assert result.returncode == 2
+        assert _embedded_left_running(tmp_path)  # another process's: not ours to stop
+    finally:
+        running.stop()
