@@ -171,6 +171,9 @@ class Learner:
                 if self.release is not None and not once:
                     self.release.tick()
                 if caught_up and (once or self.round_due()):
+                    if once and self._canary_pending():
+                        self._publish_status()
+                        return 0
                     ok = self._round()
                     if once:
                         self._publish_status()
@@ -244,6 +247,13 @@ class Learner:
             time.sleep(1.0)
             return False
         return result.caught_up
+
+    def _canary_pending(self) -> bool:
+        """`--once` while a candidate is out: the canary checked, and said so (no round)."""
+        message = self.release.pending_canary() if self.release is not None else None
+        if message:
+            self.console.print(f"[yellow]{escape(message)}[/]")
+        return message is not None
 
     def _trainable(self) -> int:
         c = self.store.open_counts(time.time(), self.s.round.feedback_window_s)

@@ -82,6 +82,25 @@ class ReleaseControl:
     def canary_active(self) -> bool:
         return CANDIDATE in self.registry.aliases()
 
+    def pending_canary(self) -> str | None:
+        """For `arloop learn --once`: the canary checked now; while its candidate is still out,
+        why no round runs and what to run next (None: no canary, or it has just decided)."""
+        if not self.canary_active():
+            return None
+        self._check_canary()
+        aliases = self.registry.aliases()
+        candidate = aliases.get(CANDIDATE)
+        if candidate is None:
+            return None
+        line = self.last if (self.last or "").startswith("canary ") else None
+        where = line or f"canary {candidate} vs {aliases.get(CHAMPION)}"
+        return (
+            f"{candidate} is the candidate and its canary is still running ({where}): no "
+            "round while it runs. Next: `arloop learn` (without --once) lets the canary promote "
+            f"or roll back {candidate} from live feedback; or decide now: `arloop policy promote "
+            f"{candidate}` or `arloop policy rollback --candidate`"
+        )
+
     def after_round(self, version: str) -> None:
         """Gate the version a round just published."""
         self._gate(version)

@@ -18,6 +18,7 @@ from typing import Any
 from agents.events import PolicyAliasMoved, PolicyRejected, PolicyRolledBack
 from learner.gate.eval_gate import ERROR, PASS, GateReport
 from learner.policy.registry import (
+    CANDIDATE,
     CHAMPION,
     AliasConflict,
     IllegalTransition,
@@ -171,6 +172,14 @@ def apply_verdict(registry: PolicyRegistry, report: GateReport, *, canary: bool,
         if report.verdict != PASS:
             reject(registry, report)
             return f"{v} rejected: {report.reason}"
+        out = registry.aliases().get(CANDIDATE) if canary else None
+        if out not in (None, v):  # one candidate at a time: gated again once that canary ends
+            return (
+                f"{v} passed the gate but stays READY: {out}'s canary is still running (one "
+                f"candidate at a time). Next: `arloop learn` lets the canary decide, or `arloop "
+                f"policy promote {out}` / `arloop policy rollback --candidate`; {v} is gated "
+                "again after that"
+            )
         if canary:
             record_report(registry, report, canary={"started_at": time.time()})
             open_candidate(registry, v, actor=actor)

@@ -141,3 +141,27 @@ def test_replays_sample_with_the_agents_stops_and_penalties_at_the_rounds_temper
     assert not hasattr(g, "temperature")  # the round's, so greedy agents still explore
     tutor = groundings([get_pack("tutoring")], "line")["tutor"]
     assert tutor.stop == () and tutor.max_tokens is None
+
+
+def test_once_with_a_canary_out_says_so_and_what_to_run_next_without_a_round(
+    redis_url, redis_client, tmp_path
+):
+    from learner.gate.eval_gate import GateReport
+    from learner.gate.release import apply_verdict
+    from learner.policy.registry import CANDIDATE
+    from tests.learner.gate.release_support import add_version
+
+    registry = PolicyRegistry(redis_client)
+    registry.ensure_base("tiny")
+    v1 = add_version(registry, tmp_path / "checkpoints")
+    apply_verdict(registry, GateReport(v1, "v0", "pass", [], "pass"), canary=True, actor="t")
+    learner, out = _learner(redis_url, tmp_path, eval_gate=True, eval_packs=["tutoring"])
+    _rated_runs(redis_client, 4)
+    assert learner.run(once=True) == 0
+    said = " ".join(out.getvalue().split())
+    assert f"{v1} is the candidate and its canary is still running (canary {v1} vs v0: " in said
+    assert "no round while it runs" in said and "another writer" not in said
+    assert "`arloop learn` (without --once)" in said
+    assert f"`arloop policy promote {v1}` or `arloop policy rollback --candidate`" in said
+    assert learner.last is None and registry.aliases()[CANDIDATE] == v1  # no round, no v2
+    learner.store.close()

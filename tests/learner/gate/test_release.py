@@ -72,11 +72,24 @@ def test_two_learners_passing_at_once_one_canary_wins_the_other_is_told(registry
     winner = registry.aliases()[CANDIDATE]
     loser = next(v for v in versions if v != winner)
     assert "canary on" in messages[winner]
-    assert messages[loser] == (
-        f"{loser} passed the gate but stays READY: candidate points at "
-        f"{winner}, not nothing: another writer moved it first"
+    told = (  # the winner's canary seen before the move, or the move refused (a true race)
+        f"{loser} passed the gate but stays READY: {winner}'s canary is still running",
+        f"{loser} passed the gate but stays READY: candidate points at {winner}, not nothing: "
+        "another writer moved it first",
     )
+    assert messages[loser].startswith(told), messages[loser]
     assert registry.get(loser).status is VersionStatus.READY
+
+
+def test_a_pass_while_another_canary_runs_says_so_and_what_to_run_next(registry, tmp_path):
+    a, b = add_version(registry, tmp_path), add_version(registry, tmp_path)
+    apply_verdict(registry, _report(a, "pass"), canary=True, actor="l1")
+    message = apply_verdict(registry, _report(b, "pass"), canary=True, actor="l1")
+    assert message.startswith(f"{b} passed the gate but stays READY: {a}'s canary is still running")
+    assert f"`arloop policy promote {a}`" in message and "rollback --candidate" in message
+    assert "another writer" not in message
+    assert registry.aliases() == {CHAMPION: "v0", CANDIDATE: a}
+    assert registry.get(b).status is VersionStatus.READY and registry.get(b).report is None
 
 
 def test_two_learners_publishing_directly_at_once_one_becomes_champion(registry, tmp_path):
