@@ -29,11 +29,22 @@ from typing import Any
 
 import redis
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from agents.packs.base import Pack
 from deploy.demo.compare import final_comparison
-from deploy.demo.report import COLUMNS, Report, build_report, headline, markdown, table_cells
+from deploy.demo.report import (
+    COLUMNS,
+    NARROW_COLUMNS,
+    Report,
+    build_report,
+    headline,
+    markdown,
+    narrow_cells,
+    quick_note,
+    table_cells,
+)
 from deploy.demo.stack import Stack, StackError
 from deploy.demo.users import PATIENTS, Behaviour
 from deploy.demo.visits import (
@@ -359,18 +370,38 @@ def _jsonable(d: dict[str, Any]) -> dict[str, Any]:
     return {k: str(v) if isinstance(v, Path) else v for k, v in d.items()}
 
 
+WIDE_TABLE = 133
+"""Columns the full table needs; a narrower terminal gets the short one (80 columns hold it)."""
+
+
 def print_report(report: Report, folder: Path, console: Console) -> None:
-    table = Table(title="arloop demo: the policy by version")
-    for name in COLUMNS:
-        table.add_column(name)
+    """The table per version, the headline, where the report is; last, for the tiny model,
+    what it does not show."""
+    if console.width >= WIDE_TABLE:
+        table = Table(title="arloop demo: the policy by version")
+        columns, cells = COLUMNS, table_cells
+    else:
+        table = Table(
+            title="arloop demo: the policy by version",
+            caption="* the champion",
+            box=None,  # no rules between columns: 80 columns hold it
+            pad_edge=False,
+            header_style="bold underline",
+        )
+        columns, cells = NARROW_COLUMNS, narrow_cells
+    for name in columns:
+        table.add_column(name, overflow="fold")
     for row in report.versions:
-        table.add_row(*table_cells(row, report.champion))
+        table.add_row(*cells(row, report.champion))
     console.print(table)
     console.print(f"[bold]{headline(report)}[/]")
     console.print(
         f"report: {folder}/report.md (json, plots beside it); "
         f"{report.seconds.get('total', 0):.0f} s in all"
     )
+    note = quick_note(report)
+    if note:
+        console.print(f"[yellow]{escape(note)}[/]")
 
 
 def _interrupt(signum: int, frame: Any) -> None:
