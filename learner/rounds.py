@@ -18,7 +18,7 @@ from learner.advantages import RunningBaseline
 from learner.behaviour import BehaviourGap, relog_behaviour
 from learner.config import RoundConfig, TrainConfig
 from learner.crashpoints import crash_point
-from learner.decision_heads import decision_examples, refit_heads
+from learner.decision_heads import HEADS_KEY, decision_examples, kept_heads, refit_heads
 from learner.episodes import SILENT, Episode, settle, silent_episodes, trainable_episodes
 from learner.judge import fit_judge, write_source_scores
 from learner.labels import Grounding, Label, find_labels
@@ -224,7 +224,8 @@ def run_round(
     metrics.update(node_metrics(rest_episodes, rewards))
     if judge is not None:
         metrics.update(judge.metrics(len(scored)))
-    heads, head_metrics = refit_heads(parent, decided, plan.grounding, plan.model_cache)
+    kept = store.get_meta(HEADS_KEY, {})
+    heads, head_metrics = refit_heads(parent, decided, kept, plan.grounding, plan.model_cache)
     metrics.update(head_metrics)
     metrics["memory/peak_rss_mb"] = peak_rss_mb()  # training, sub-rounds and reward model done
     crash_point("during_train")
@@ -247,7 +248,8 @@ def run_round(
         metrics=metrics,
         trained=trained,
         let_go={UNTRAINABLE: unusable},
-        meta={BASELINE_KEY: vars(data.baseline)},
+        meta={BASELINE_KEY: vars(data.baseline)}
+        | ({HEADS_KEY: kept_heads(heads)} if heads else {}),
         actor=plan.actor,
         promote=plan.promote,
         upload_to=plan.upload_to,

@@ -329,3 +329,42 @@ def test_labels_fit_the_decision_head_each_version_carries_on_all_labels_so_far(
     assert sorted(e["label"] for e in again.examples) == ["emergency", "see a doctor", "self-care"]
     assert second.metrics["decision/level/examples"] == 3.0
     assert second.metrics["decision/level/train_accuracy"] == 1.0
+
+
+def test_a_head_keeps_the_labels_of_a_version_that_was_not_released(
+    redis_client, store, registry, tmp_path
+):
+    """Round 2 starts from v0 (v1 waits for the gate, or was rejected), yet its head holds
+    round 1's labels too: the examples are the learner's, kept with its ledger."""
+    from dataclasses import replace
+
+    from agents.decisions import Decision
+    from learner.labels import Grounding
+    from learner.policy.heads import read_heads
+    from tools.verifiers import LEVELS, mentioned_level, triage_level, with_level
+
+    said = "Rest and drink water.\nTriage: self-care"
+    grounding = {
+        "tutor": Grounding(
+            triage_level, mentioned_level, decision=Decision("level", LEVELS, with_level)
+        )
+    }
+    plan = replace(tiny_round_plan(tmp_path), grounding=grounding, promote=False)
+
+    def labelled(prompt: str, level: str) -> list:
+        t = trajectory(prompt, said, user=f"p-{level}", logprobs=True)
+        return [
+            t,
+            feedback(t.event_id, "correction", None, text=f"this was {level}", user="clinic"),
+        ]
+
+    _ingest(redis_client, store, labelled("my chest hurts badly", "emergency"))
+    first = run_round(store, registry, plan)
+    assert registry.resolve(CHAMPION) == "v0" and first.parent == "v0"
+    _ingest(redis_client, store, labelled("a small cut on my thumb", "self-care"))
+    second = run_round(store, registry, plan)
+
+    assert second.parent == "v0"
+    head = read_heads(checkpoint_path(registry.get(second.version).checkpoint_uri))["level"]
+    assert sorted(e["label"] for e in head.examples) == ["emergency", "self-care"]
+    assert head.fitted
