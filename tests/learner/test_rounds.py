@@ -368,3 +368,43 @@ def test_a_head_keeps_the_labels_of_a_version_that_was_not_released(
     head = read_heads(checkpoint_path(registry.get(second.version).checkpoint_uri))["level"]
     assert sorted(e["label"] for e in head.examples) == ["emergency", "self-care"]
     assert head.fitted
+
+
+def test_a_reviewers_verdict_becomes_a_label_a_round_fits_into_the_head(
+    redis_client, store, registry, tmp_path
+):
+    """The annotation queue's verdict (kind `review`: a score of what was returned and the
+    right level in its text) labels the prompt, and the round's head learns it."""
+    from dataclasses import replace
+
+    from agents.decisions import Decision
+    from learner.labels import Grounding
+    from learner.policy.heads import read_heads
+    from tools.verifiers import LEVELS, mentioned_level, triage_level, with_level
+
+    said = "Rest and drink water.\nTriage: self-care"
+    grounding = {
+        "tutor": Grounding(
+            triage_level, mentioned_level, decision=Decision("level", LEVELS, with_level)
+        )
+    }
+    plan = replace(tiny_round_plan(tmp_path), grounding=grounding)
+    events = []
+    for prompt, level in (
+        ("my chest hurts badly", "emergency"),
+        ("a small cut on my thumb", "self-care"),
+    ):
+        t = trajectory(prompt, said, user="patient", logprobs=True)
+        score = 1.0 if level == "self-care" else 0.0
+        events += [
+            t,
+            feedback(
+                t.event_id, "review", score, text=f"Triage: {level}", user="nurse", source="review"
+            ),
+        ]
+    _ingest(redis_client, store, events)
+    result = run_round(store, registry, plan)
+
+    assert result.metrics["decision/level/new_labels"] == 2.0
+    head = read_heads(checkpoint_path(registry.get(result.version).checkpoint_uri))["level"]
+    assert sorted(e["label"] for e in head.examples) == ["emergency", "self-care"]
