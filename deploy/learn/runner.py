@@ -35,7 +35,7 @@ from deploy.learn.settings import LearnerSettings
 from deploy.learn.trackers import Trackers, TrackerUnavailable
 from deploy.logs import log_context
 from learner.policy.legacy_keys import migrate_legacy_keys
-from learner.policy.registry import CANDIDATE, CHAMPION, PolicyRegistry
+from learner.policy.registry import BASE_VERSION, CANDIDATE, CHAMPION, PolicyRegistry
 from learner.publish import recover
 from learner.rounds import RoundAborted, RoundResult, run_round
 from learner.store import Store
@@ -118,6 +118,8 @@ class Learner:
     def start(self, once: bool = False) -> bool:
         """The lease, groups, the base version, a rewound registry reconciled, and recovery of
         a publish a crash interrupted; False when stopped while waiting for the lease."""
+        if self.registry.exists(BASE_VERSION):  # read only: refused before taking the lease
+            self.registry.ensure_base(self.s.base_model)  # BaseModelMismatch: with the fix
         if not self._take_lease(wait=not once):
             return False
         self.source.ensure_groups()
@@ -401,6 +403,7 @@ def main(once: bool = False) -> int:
     from deploy.logs import setup_logging
     from deploy.redis_conn import RedisUnreachable, wait_for
     from deploy.settings_errors import explain
+    from deploy.start_checks import StartRefused, refuse
     from deploy.telemetry import setup_tracing
     from learner.policy.models import ModelNotFound, check_base
     from learner.policy.registry import BaseModelMismatch
@@ -420,8 +423,13 @@ def main(once: bool = False) -> int:
             # (Learner.run's handler) and, outside it, still finishes saying why it stopped
             signal.signal(signal.SIGTERM, lambda signum, frame: None)
         setup_tracing("learner", settings.otlp_endpoint)  # the gate's eval runs
-        # before Redis is started or the registry records a v0 of a name that does not load
-        check_base(settings.base_model, cache_dir=settings.model_cache)
+        # every problem at once, before Redis is started or the registry records a v0 of a
+        # name that does not load
+        refuse(
+            lambda: check_base(settings.base_model, cache_dir=settings.model_cache),
+            lambda: _eval_packs_load(settings),
+            errors=(ModelNotFound, LearnerConfigError),
+        )
         if settings.redis_url:  # (the embedded one is started and answers, or says why not)
             until = "the learner starts when it answers (Ctrl-C to stop)"
             wait_for(settings.redis_url, settings, console.print, until=until, wait=not once)
@@ -446,6 +454,9 @@ def main(once: bool = False) -> int:
         RedisUnreachable,
     ) as exc:
         console.print(f"[red]arloop learn:[/] {escape(str(exc))}")
+    except StartRefused as exc:
+        for line in exc.problems:
+            console.print(f"[red]arloop learn:[/] {escape(line)}")
     except KeyboardInterrupt:  # Ctrl-C while waiting for Redis
         console.print("learner stopped while waiting for Redis")
         return 0
@@ -454,6 +465,18 @@ def main(once: bool = False) -> int:
         return 3
     guard.abandon()
     return 2
+
+
+def _eval_packs_load(s: LearnerSettings) -> None:
+    """LearnerConfigError naming ARLOOP_EVAL_PACKS when a gating pack does not load."""
+    from agents.packs import PackNotFound, get_pack
+
+    size, source = s.tutoring_eval_size, s.tutoring_source
+    try:
+        for ref in s.gate_packs():
+            get_pack(ref, tutoring_source=source, tutoring_eval_size=size)
+    except PackNotFound as exc:
+        raise LearnerConfigError(f"{exc}; fix ARLOOP_EVAL_PACKS") from exc
 
 
 def _serve_metrics(learner: Learner, settings: LearnerSettings, console: Console) -> None:

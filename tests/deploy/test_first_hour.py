@@ -243,49 +243,54 @@ def _embedded_left_running(data_dir: Path) -> bool:
         return False
 
 
-def test_a_refused_learner_start_stops_the_embedded_redis_it_started(tmp_path):
-    result = arloop(
-        "learn",
-        "--once",
-        ARLOOP_EVAL_PACKS='["nope"]',
-        ARLOOP_BASE_MODEL="tiny",
-        ARLOOP_DATA_DIR=str(tmp_path),
-    )
-    assert "unknown agent pack 'nope'" in one_line(result)
-    assert not _embedded_left_running(tmp_path)
-
-
-def test_a_refused_policy_server_start_stops_the_embedded_redis_it_started(tmp_path):
-    before = start_redis(tmp_path / "redis")  # a registry made with another base model
+def _registry_of_another_base(data_dir: Path) -> tuple[int, str]:
+    """An embedded Redis's data whose registry was made with 'tiny' (the server stopped again):
+    (its port, a base model that loads but is not v0's)."""
+    before = start_redis(data_dir / "redis")
     with redis.Redis.from_url(before.url) as client:
         PolicyRegistry(client).ensure_base("tiny")
     before.stop()
-    other = str(resolve_base("tiny", cache_dir=MODEL_CACHE))
+    return before.port, str(resolve_base("tiny", cache_dir=MODEL_CACHE))
+
+
+@pytest.mark.parametrize(
+    "command", [["learn", "--once"], ["serve", "policy"]], ids=["learn", "policy"]
+)
+def test_a_refused_start_stops_the_embedded_redis_it_started(command, tmp_path):
+    port, other = _registry_of_another_base(tmp_path)
     result = arloop(
-        "serve",
-        "policy",
-        "--port",
-        str(free_port()),
+        *command,
         ARLOOP_BASE_MODEL=other,
         ARLOOP_POLICY_ENGINE="transformers",
+        ARLOOP_POLICY_PORT=str(free_port()),
         ARLOOP_DATA_DIR=str(tmp_path),
     )
     assert "but this registry (its v0) was created with 'tiny'" in one_line(result)
-    assert (tmp_path / "redis" / "port").read_text().strip() != str(before.port)  # restarted
+    assert (tmp_path / "redis" / "port").read_text().strip() != str(port)  # it started one
     assert not _embedded_left_running(tmp_path)
 
 
-def test_a_start_that_finds_the_embedded_redis_running_leaves_it_running(tmp_path):
+def test_a_refused_start_leaves_an_embedded_redis_it_found_running(tmp_path):
+    _, other = _registry_of_another_base(tmp_path)
     running = start_redis(tmp_path / "redis")
     try:
-        result = arloop(
-            "learn",
-            "--once",
-            ARLOOP_EVAL_PACKS='["nope"]',
-            ARLOOP_BASE_MODEL="tiny",
-            ARLOOP_DATA_DIR=str(tmp_path),
-        )
-        assert result.returncode == 2
+        result = arloop("learn", "--once", ARLOOP_BASE_MODEL=other, ARLOOP_DATA_DIR=str(tmp_path))
+        assert "but this registry (its v0) was created with 'tiny'" in one_line(result)
         assert _embedded_left_running(tmp_path)  # another process's: not ours to stop
     finally:
         running.stop()
+
+
+def test_learn_reports_every_start_problem_at_once_before_redis_starts(tmp_path):
+    result = arloop(
+        "learn",
+        "--once",
+        ARLOOP_BASE_MODEL="smolm2",
+        ARLOOP_EVAL_PACKS='["nope"]',
+        ARLOOP_DATA_DIR=str(tmp_path),
+    )
+    said = lines(result)
+    assert len(said) == 2, said
+    assert "ARLOOP_BASE_MODEL='smolm2' does not load" in said[0]
+    assert "unknown agent pack 'nope'" in said[1] and said[1].endswith("fix ARLOOP_EVAL_PACKS")
+    assert not (tmp_path / "redis").exists()
