@@ -5,118 +5,27 @@ trajectory, never sent on; logprobs only when the client asked for them).
 A request field the policy cannot honour (one OpenAI defines that arloop's policy server does
 not implement, or any unknown one) is a 400 naming it, never dropped; so are wrong types, NaN
 or Infinity, nesting deeper than `MAX_DEPTH` (the app's error handler answers these routes in
-OpenAI's shape). Bodies over ARLOOP_MAX_BODY_BYTES are a 413.
+OpenAI's shape). Bodies over ARLOOP_MAX_BODY_BYTES are a 413. The messages, tools and formats
+are `agents.openai_requests`' (shared with the policy server); the bounds here are the agent
+API's.
 """
 
 from __future__ import annotations
 
-import math
 import re
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
-from pydantic import (
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    StringConstraints,
-    model_validator,
-)
+from pydantic import BeforeValidator, Field, StringConstraints
 
-from agents.errors import ArloopError
+from agents.openai_requests import ChatRequestBase
+from agents.openai_requests import ErrorBody as ErrorBody  # re-exported: the routes' errors
+from agents.openai_requests import OpenAIError as OpenAIError
+from agents.openai_requests import error_param as error_param
 from deploy.credentials import USER
 
-MAX_DEPTH = 32
-"""The deepest nesting a request's JSON may have (OpenAI tool schemas need about 10)."""
 MODEL = "arloop"
 """The model name that routes like the agents' own calls; `arloop@<version>` pins one."""
 _PINNED = re.compile(r"^arloop@([A-Za-z0-9_.-]{1,64})$")
-
-
-class OpenAIError(ArloopError):
-    """An error with OpenAI's `param` (the request field at fault) and `code`."""
-
-    def __init__(
-        self, status: int, reason: str, *, param: str | None = None, code: str | None = None
-    ) -> None:
-        super().__init__(status, reason)
-        self.param, self.code = param, code
-
-
-class ErrorDetail(BaseModel):
-    message: str
-    type: str
-    param: str | None = None
-    code: str | None = None
-
-
-class ErrorBody(BaseModel):
-    """Every error of the OpenAI routes, in OpenAI's shape."""
-
-    error: ErrorDetail
-
-
-class _Wire(BaseModel):
-    model_config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
-
-
-class TextPart(_Wire):
-    type: Literal["text"]
-    text: str
-
-
-class FunctionCall(_Wire):
-    name: str
-    arguments: str = "{}"
-
-
-class ToolCall(_Wire):
-    id: str | None = None
-    type: Literal["function"] = "function"
-    function: FunctionCall
-
-
-class _Message(_Wire):
-    name: str | None = None
-
-    @model_validator(mode="before")
-    @classmethod
-    def _nulls_of_echoed_messages(cls, data: Any) -> Any:
-        """An assistant message the SDK echoes back carries `refusal: null`, `audio: null`, ...:
-        those nulls say nothing; a field of the sort with a value is refused (extra)."""
-        if isinstance(data, dict):
-            return {k: v for k, v in data.items() if v is not None or k in cls.model_fields}
-        return data
-
-
-Content = str | list[TextPart]
-
-
-class SystemMessage(_Message):
-    role: Literal["system", "developer"]
-    content: Content
-
-
-class UserMessage(_Message):
-    role: Literal["user"]
-    content: Content
-
-
-class AssistantMessage(_Message):
-    role: Literal["assistant"]
-    content: Content | None = None
-    tool_calls: list[ToolCall] | None = None
-
-
-class ToolMessage(_Message):
-    role: Literal["tool"]
-    content: Content
-    tool_call_id: str
-
-
-Message = Annotated[
-    SystemMessage | UserMessage | AssistantMessage | ToolMessage, Field(discriminator="role")
-]
 
 
 def _integral(value: Any) -> Any:
@@ -131,44 +40,17 @@ Tokens = Annotated[int, Field(ge=1), _Integral]
 Seed = Annotated[int, Field(ge=-(2**53), le=2**53), _Integral]
 Choices = Annotated[int, Field(ge=1, le=16), _Integral]
 TopLogprobs = Annotated[int, Field(ge=0, le=20), _Integral]
-
-
-class FunctionSpec(_Wire):
-    name: str = Field(min_length=1, max_length=64)
-    description: str | None = None
-    parameters: dict[str, Any] | None = None
-    strict: bool | None = None
-
-
-class Tool(_Wire):
-    type: Literal["function"]
-    function: FunctionSpec
-
-
-class NamedToolChoice(_Wire):
-    type: Literal["function"]
-    function: dict[str, str]
-
-
-class StreamOptions(_Wire):
-    include_usage: bool = False
-
-
 Stop = Annotated[str, StringConstraints(min_length=1)]
 TokenId = Annotated[str, StringConstraints(pattern=r"^[0-9]{1,9}$")]
 Bias = Annotated[float, Field(ge=-100.0, le=100.0)]
 
 
-class ChatCompletionRequest(_Wire):
+class ChatCompletionRequest(ChatRequestBase):
     """`POST /v1/chat/completions`: the OpenAI fields arloop's policy server implements,
     passed through; any other field is a 400 naming it."""
 
     model: str = Field(examples=["arloop", "arloop@v3"])
-    messages: list[Message] = Field(min_length=1)
-    tools: list[Tool] | None = None
-    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
-    response_format: dict[str, Any] | None = None
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     max_tokens: Tokens | None = None
@@ -183,15 +65,8 @@ class ChatCompletionRequest(_Wire):
     logprobs: bool | None = None
     top_logprobs: TopLogprobs | None = None
     stream: bool | None = None
-    stream_options: StreamOptions | None = None
     user: str | None = Field(None, pattern=USER)
     """The end user (else `X-Arloop-User`, else the API key): bound by the key's identity."""
-
-    @model_validator(mode="before")
-    @classmethod
-    def _plain(cls, data: Any) -> Any:
-        check_plain(data)
-        return data
 
     @property
     def pinned(self) -> str | None:
@@ -217,7 +92,9 @@ class ChatCompletionRequest(_Wire):
     def upstream(self) -> dict[str, Any]:
         """The request as the policy is sent it: the fields the client set, less the end user
         (a person's id is the agent API's to bind, never the model server's to log)."""
-        out = self.model_dump(exclude_unset=True, exclude={"model", "user"}, exclude_none=True)
+        out = self.model_dump(
+            exclude_unset=True, exclude={"model", "user"}, exclude_none=True, by_alias=True
+        )
         out["messages"] = self.messages_sent()
         return out
 
@@ -226,43 +103,6 @@ class ChatCompletionRequest(_Wire):
 
     def tools_sent(self) -> list[dict[str, Any]]:
         return [t.model_dump(exclude_none=True) for t in self.tools or []]
-
-
-def check_plain(value: Any, path: str = "", depth: int = 0) -> None:
-    """Refuse what no model server takes, wherever it is: nesting deeper than `MAX_DEPTH`,
-    NaN or Infinity, lone surrogates."""
-    if depth > MAX_DEPTH:
-        raise OpenAIError(
-            400, f"the request nests deeper than {MAX_DEPTH} levels at {path}", param=path
-        )
-    if isinstance(value, float) and not math.isfinite(value):
-        raise OpenAIError(400, f"{path} is {value}: send finite numbers", param=path)
-    if isinstance(value, str) and _SURROGATE.search(value):
-        raise OpenAIError(
-            400, f"{path} holds a lone UTF-16 surrogate, which is not text", param=path
-        )
-    if isinstance(value, dict):
-        children: Any = value.items()
-    elif isinstance(value, list):
-        children = enumerate(value)
-    else:
-        return
-    for key, item in children:
-        check_plain(item, f"{path}.{key}" if path else str(key), depth + 1)
-
-
-def error_param(loc: tuple[Any, ...]) -> str:
-    """`messages.0.role` from pydantic's location, without 'body' and union branch names."""
-    kept = [
-        str(p)
-        for p in loc
-        if p != "body" and (isinstance(p, int) or (str(p).isidentifier() and p not in _TYPE_NAMES))
-    ]
-    return ".".join(kept) or "body"
-
-
-_SURROGATE = re.compile("[\ud800-\udfff]")
-_TYPE_NAMES = {"str", "int", "float", "bool", "list", "dict", "none", "function-after"}
 
 
 # -- answers: agents.openai_answers (shared with the gate's recording endpoint) -------------

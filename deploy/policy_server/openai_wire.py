@@ -1,14 +1,18 @@
-"""The OpenAI chat-completions wire format: request schema, errors, and response bodies."""
+"""The OpenAI chat-completions wire format: request schema, errors, and response bodies. The
+messages, tools and formats are `agents.openai_requests`' (shared with the agent API); the
+sampling fields and their bounds here are what this server's engine implements."""
 
 from __future__ import annotations
 
-import re
 import time
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator
 
 from agents.errors import ArloopError
+from agents.openai_requests import ChatRequestBase, ErrorBody
+from agents.openai_requests import OpenAIError as OpenAIError  # re-exported: its errors
+from agents.openai_requests import error_param as error_param
 from deploy.policy_server.settings import PolicyServerSettings
 from learner.policy.chat_format import (
     ToolFormat,
@@ -17,37 +21,12 @@ from learner.policy.chat_format import (
 )
 from learner.policy.generation.engine import FinishEvent
 
-Role = Literal["system", "developer", "user", "assistant", "tool"]
-
-
-class OpenAIError(ArloopError):
-    """An ArloopError with OpenAI's `param` (the request field at fault) and `code`."""
-
-    def __init__(
-        self, status: int, reason: str, *, param: str | None = None, code: str | None = None
-    ) -> None:
-        super().__init__(status, reason)
-        self.param, self.code = param, code
-
 
 def error_body(exc: ArloopError) -> dict[str, Any]:
     """Any ArloopError in OpenAI's shape: {"error": {message, type, param, code}}."""
     kind = "invalid_request_error" if exc.status < 500 else "server_error"
     param, code = getattr(exc, "param", None), getattr(exc, "code", None)
     return {"error": {"message": exc.reason, "type": kind, "param": param, "code": code}}
-
-
-class ErrorDetail(BaseModel):
-    message: str
-    type: str
-    param: str | None = None
-    code: str | None = None
-
-
-class ErrorBody(BaseModel):
-    """Every error answer, in OpenAI's shape."""
-
-    error: ErrorDetail
 
 
 _WHY = {
@@ -67,104 +46,17 @@ def documented(*codes: int) -> dict[int | str, dict[str, Any]]:
     return {code: {"model": ErrorBody, "description": _WHY[code]} for code in codes}
 
 
-class _Wire(BaseModel):
-    """A request part: strict, as its JSON schema says (`"true"` is not a boolean)."""
-
-    model_config = ConfigDict(strict=True)
-
-
-class TextPart(_Wire):
-    type: Literal["text"]
-    text: str
-
-
-class FunctionCall(_Wire):
-    name: str
-    arguments: str = "{}"
-
-
-class ToolCall(_Wire):
-    id: str | None = None
-    type: Literal["function"] = "function"
-    function: FunctionCall
-
-
-class Message(_Wire):
-    model_config = ConfigDict(extra="ignore")
-
-    role: Role
-    content: str | list[TextPart] | None = None
-    tool_calls: list[ToolCall] | None = None
-    tool_call_id: str | None = None
-    name: str | None = None
-
-
-class FunctionSpec(_Wire):
-    model_config = ConfigDict(extra="allow")
-
-    name: str = Field(min_length=1, max_length=64)
-    description: str | None = None
-    parameters: dict[str, Any] | None = None
-
-
-class Tool(_Wire):
-    type: Literal["function"]
-    function: FunctionSpec
-
-
-class StreamOptions(_Wire):
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-    include_usage: bool = False
-
-
-class FunctionName(_Wire):
-    name: str = Field(min_length=1, max_length=64)
-
-
-class NamedToolChoice(_Wire):
-    """`{"type": "function", "function": {"name": ...}}`: that function must be called."""
-
-    type: Literal["function"]
-    function: FunctionName
-
-
-class JsonSchemaFormat(_Wire):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
-
-    name: str = Field(min_length=1, max_length=64)
-    description: str | None = None
-    json_schema: dict[str, Any] = Field(default_factory=dict, alias="schema")
-    strict: bool | None = None
-
-
-class ResponseFormat(_Wire):
-    """`text`, `json_object` (any JSON object) or `json_schema` (one matching the schema)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    type: Literal["text", "json_object", "json_schema"]
-    json_schema: JsonSchemaFormat | None = None
-
-
 SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
-MAX_DEPTH = 32  # the deepest nesting of a request's JSON (OpenAI's tool schemas need ~10)
 
 
-class ChatRequest(_Wire):
+class ChatRequest(ChatRequestBase):
     """POST /v1/chat/completions. A parameter this server does not implement is a 400 naming it
     (see the README's compatibility table), never silently ignored. Strict: `"true"` is not a
     boolean, `"2"` not a number."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
-
     model: str = Field(examples=["arloop", "arloop@candidate", "arloop@v0"])
-    messages: list[Message] = Field(min_length=1)
-    tools: list[Tool] | None = None
-    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool = True
     """false: at most one tool call per choice (generation stops after the first)."""
-    response_format: ResponseFormat | None = None
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     max_tokens: int | None = Field(None, ge=1)
@@ -183,17 +75,10 @@ class ChatRequest(_Wire):
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
     stream: bool = False
-    stream_options: StreamOptions | None = None
     return_token_ids: bool = False
     """vLLM's extension: `prompt_token_ids` at the top, `token_ids` on each choice."""
     user: str | None = Field(None, max_length=256)
     """OpenAI's end-user id (abuse tracking): on the request's debug log line."""
-
-    @model_validator(mode="before")
-    @classmethod
-    def _plain_text(cls, data: Any) -> Any:
-        _check_plain(data, "", 0)
-        return data
 
     @field_validator("stop")
     @classmethod
@@ -222,39 +107,6 @@ class ChatRequest(_Wire):
         if not self.tools or self.tool_choice == "none":
             return None
         return [t.model_dump(exclude_none=True) for t in self.tools]
-
-
-def _check_plain(value: Any, path: str, depth: int) -> None:
-    """Refuse what no tokenizer or parser downstream takes: lone surrogates, deep nesting."""
-    if depth > MAX_DEPTH:
-        raise OpenAIError(
-            400, f"the request nests deeper than {MAX_DEPTH} levels at {path}", param=path
-        )
-    if isinstance(value, str):
-        if _SURROGATE.search(value):
-            raise OpenAIError(
-                400, f"{path} holds a lone UTF-16 surrogate, which is not text", param=path
-            )
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            _check_plain(key, path, depth + 1)
-            _check_plain(item, f"{path}.{key}" if path else str(key), depth + 1)
-    elif isinstance(value, list):
-        for i, item in enumerate(value):
-            _check_plain(item, f"{path}.{i}", depth + 1)
-
-
-_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def error_param(loc: tuple[Any, ...]) -> str:
-    """`messages.0.role` from pydantic's location, without 'body' and union branch names."""
-    parts = [str(p) for p in loc if p != "body"]
-    kept = [p for p in parts if p.isdigit() or (p.isidentifier() and p not in _TYPE_NAMES)]
-    return ".".join(kept) or "body"
-
-
-_TYPE_NAMES = {"str", "int", "float", "bool", "list", "dict", "none"}
 
 
 def logprobs_content(
