@@ -16,6 +16,7 @@ from typing import Any
 import redis
 
 from agents.events import (
+    LEARNER_LEASE,
     LEARNER_STATUS,
     POLICY_ALIASES,
     POLICY_VERSIONS,
@@ -28,8 +29,14 @@ from deploy.agent_api.traffic import Tally
 from deploy.credentials import DEFAULT_TENANT
 from deploy.stream_stats import all_stats
 
-ROUND_METRICS = ("reward", "kl", "entropy", "clip_ratio", "completions/mean_length")
+ROUND_METRICS = ("reward", "kl", "entropy", "clip_ratio", "completions/mean_length", "loss")
 """The per-round charts, by TRL's metric names (a version is one learner round)."""
+UPDATE_KINDS = {"policy gradient": "", "KTO": "kto/", "DPO": "dpo/"}
+"""A round's updates by kind -> the prefix of their metrics (`learner.round_metrics`): a round
+of thumbs only trains by KTO, so its figures are `kto/kl`, `kto/loss`, not `kl`, `loss`."""
+LAGGING_AFTER_S = 60.0
+"""A running learner reads the streams continuously: an entry left unread longer than this
+means it is busy in a long round or stuck (docs/pages.md)."""
 
 
 def snapshot(
@@ -45,21 +52,69 @@ def snapshot(
     servers = serving(client)
     rows = [_row(v, aliases, held_out, traffic, servers) for v in versions]
     learner = _json(client.get(LEARNER_STATUS))
+    stats = all_stats(client)
     data = {
         "at": time.time(),
         "aliases": aliases,
         "versions": rows,
         "rounds": rounds(versions),
-        "canary": {"share": canary_share, **((learner or {}).get("canary") or {})}
-        if "candidate" in aliases
-        else None,
-        "streams": all_stats(client),
+        "canary": canary(aliases, learner, canary_share),
+        "streams": stats,
         "learner": learner,
+        "learner_state": learner_state(learner, _text(client.get(LEARNER_LEASE)), stats),
         "servers": servers,
         "delivery": delivery(aliases, servers),
     }
     data["charts"] = charts(data)
     return data
+
+
+def canary(
+    aliases: dict[str, str], learner: dict[str, Any] | None, share: float
+) -> dict[str, Any] | None:
+    """The canary out now, its arms named by the registry's aliases; the learner's figures
+    only when its last check was of these two versions (else `checked` is False)."""
+    if "candidate" not in aliases:
+        return None
+    arms = {"candidate": aliases["candidate"], "champion": aliases.get("champion")}
+    check = (learner or {}).get("canary") or {}
+    same = all(check.get(arm) == version for arm, version in arms.items())
+    return {**(check if same else {}), "share": share, **arms, "checked": same}
+
+
+def learner_state(
+    status: dict[str, Any] | None, lease: str | None, stats: dict[str, Any]
+) -> dict[str, Any]:
+    """running / lagging / stopped / never, with the line that says why (docs/pages.md).
+
+    The lease (renewed from a thread, even during a long round) says whether a learner process
+    is alive; the streams' oldest unread entry (read now, not the learner's last report) says
+    whether it keeps up."""
+    updated = (status or {}).get("updated_at")
+    seen = f"last report {time.time() - updated:.0f} s ago" if updated else "no report yet"
+    if lease is None:
+        if status is None:
+            return {"state": "never", "line": "No learner has run on this Redis."}
+        return {
+            "state": "stopped",
+            "line": f"Learner stopped: it holds no lease; {seen}. "
+            "Feedback waits in the streams until `arloop learn` runs again.",
+        }
+    holder = lease.partition("|")[2]
+    oldest = max((s.get("lag_seconds") or 0.0 for s in stats["streams"]), default=0.0)
+    if oldest > LAGGING_AFTER_S:
+        return {
+            "state": "lagging",
+            "holder": holder,
+            "line": f"Learner lagging: {holder} holds the lease but the oldest unread entry is "
+            f"{oldest:.0f} s old (over {LAGGING_AFTER_S:.0f} s: in a long round, or stuck); "
+            f"{seen}.",
+        }
+    return {
+        "state": "running",
+        "holder": holder,
+        "line": f"Learner running: {holder} holds the lease and reads the streams; {seen}.",
+    }
 
 
 def read_versions(client: redis.Redis) -> list[dict[str, Any]]:
@@ -98,10 +153,12 @@ def held_out_success(versions: list[dict[str, Any]]) -> dict[str, dict[str, Any]
 
 
 def rounds(versions: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One entry per learner round (each published version), with its metrics."""
+    """One entry per learner round (each published version), with its metrics: `name` for
+    the policy-gradient updates', `kto/name` and `dpo/name` for the others'."""
+    wanted = [prefix + k for k in ROUND_METRICS for prefix in UPDATE_KINDS.values()]
     return [
         {"version": v["version"], "parent": v.get("parent"), "created_at": v.get("created_at")}
-        | {k: v["metrics"][k] for k in ROUND_METRICS if k in (v.get("metrics") or {})}
+        | {k: v["metrics"][k] for k in wanted if k in v["metrics"]}
         for v in versions
         if v.get("metrics")
     ]
@@ -184,13 +241,23 @@ def charts(data: dict[str, Any]) -> dict[str, str]:
         ),
     }
     for name in ROUND_METRICS:
-        pts = [svg.Point(r["version"], r[name]) for r in data["rounds"] if name in r]
-        out[name] = svg.chart(f"round {name}", [svg.Series(name, pts)])
+        series = [
+            svg.Series(
+                kind,
+                [svg.Point(r["version"], r[p + name]) for r in data["rounds"] if p + name in r],
+            )
+            for kind, p in UPDATE_KINDS.items()
+        ]
+        out[name] = svg.chart(f"round {name}", [s for s in series if s.points] or series[:1])
     return out
 
 
 def _points(items: list[tuple[str, dict[str, Any]]], key: str) -> list[svg.Point]:
     return [svg.Point(v, t[key]) for v, t in items if t.get(key) is not None]
+
+
+def _text(raw: bytes | str | None) -> str | None:
+    return None if raw is None else as_text(raw)
 
 
 def _json(raw: bytes | str | None) -> Any:

@@ -1,5 +1,6 @@
 """Server-side SVG charts for the dashboard: points over categories (versions, rounds), with
 optional intervals, one or more series. No script, no library: the page inserts the markup.
+Points are never joined by a line: each category is a different version of the policy.
 
 Every point is a `<circle class="point">` with `data-series`, `data-x` (its category) and
 `data-y` (its value) and a `<title>` a person sees on hover, so a test reads the data points
@@ -89,10 +90,7 @@ def _axes(lo, hi, sy, fmt, cats, sx) -> list[str]:
 def _series(k: int, s: Series, sx, sy, fmt) -> list[str]:
     colour = COLOURS[k % len(COLOURS)]
     pts = [p for p in s.points if _ok(p.y)]
-    out = []
-    if len(pts) > 1:
-        path = " ".join(f"{sx(p.x):.1f},{sy(p.y):.1f}" for p in pts)
-        out.append(f'<polyline class="line" fill="none" stroke="{colour}" points="{path}"/>')
+    out = []  # points only, never a line: two versions' figures are not a trend over time
     for p in pts:
         x, y = sx(p.x), sy(p.y)
         if _ok(p.low) and _ok(p.high):

@@ -4,7 +4,7 @@
   const $ = (id) => document.getElementById(id);
   const { el, pct, num } = arloop;
   const every = Number(new URLSearchParams(location.search).get("refresh") || 5) * 1000;
-  const CHARTS = ["held_out", "live", "reward", "kl", "entropy", "clip_ratio", "completions/mean_length"];
+  const CHARTS = ["held_out", "live", "reward", "kl", "entropy", "clip_ratio", "completions/mean_length", "loss"];
   // The only markup a page writes from a string: the charts, SVG the server made from numbers
   // and escaped labels, through the one Trusted Types policy the CSP allows (security_headers.py).
   const identity = { createHTML: (svg) => svg };
@@ -30,24 +30,32 @@
       }));
   }
 
+  // The arms are the registry's aliases; the figures are the learner's last check of these two.
+  function canaryLine(c, state) {
+    const arms = "Canary: " + c.candidate + " (candidate) vs " + c.champion + " (champion) on " + pct(c.share) + " of new threads";
+    if (!c.checked) return arms + "; not checked yet" + (state.state === "running" || state.state === "lagging" ? ": waiting for the learner's check" : ": no learner is running to decide it");
+    return arms + "; runs with feedback " + c.n_candidate + " vs " + c.n_champion + "; reward diff " + num(c.diff) +
+      " (always-valid CI " + num(c.ci_low) + " .. " + num(c.ci_high) + ") → " + c.action;
+  }
+
   function serving(data) {
     table($("delivery"), ["alias", "version", "servers serving it", "checkpoint digests", "state"],
       data.delivery.map((d) => el("tr", { "data-alias": d.alias }, cell(d.alias), cell(d.version), cell(d.servers + " of " + d.of, "num"),
         cell(d.digests.join(", ") || "–"), cell(!d.servers ? "NOT DELIVERED" : !d.delivered ? "partly delivered" : !d.consistent ? "DIGESTS DIFFER" : "delivered", d.delivered && d.consistent ? "" : "warn"))));
     const c = data.canary;
-    $("canary").replaceChildren(c ? el("p", { id: "canary-state", text:
-      "Canary: " + c.candidate + " vs " + c.champion + " on " + pct(c.share) + " of new threads; runs with feedback " + (c.n_candidate ?? "–") + " vs " + (c.n_champion ?? "–") +
-      "; reward diff " + num(c.diff) + " (always-valid CI " + num(c.ci_low) + " .. " + num(c.ci_high) + ") → " + (c.action || "waiting for the learner's check") }) : el("p", { class: "muted", text: "No canary out." }));
+    $("canary").replaceChildren(c ? el("p", { id: "canary-state", text: canaryLine(c, data.learner_state) })
+      : el("p", { class: "muted", text: "No canary out." }));
   }
 
   function learner(data) {
-    const l = data.learner;
-    const age = l ? Math.round(data.at - l.updated_at) : null;
-    const parts = [l ? "Learner " + l.consumer + ", last seen " + age + " s ago" : "No learner has reported yet."];
+    const l = data.learner, state = data.learner_state;
+    $("learner").dataset.state = state.state;
+    const parts = [state.line];
     if (l && l.last_round) parts.push("last round: " + l.last_round.version + " in " + num(l.last_round.seconds, 1) + " s");
     if (l && l.release) parts.push("release: " + l.release);
     if (l && l.last_error) parts.push("last error: " + l.last_error);
-    $("learner").replaceChildren(...parts.map((p) => el("p", { class: p.startsWith("last error") ? "error" : "", text: p })));
+    $("learner").replaceChildren(...parts.map((p, i) => el("p", i === 0 ? { id: "learner-state", class: state.state === "running" ? "" : "warn", text: p }
+      : { class: p.startsWith("last error") ? "error" : "", text: p })));
     const s = data.streams;
     table($("streams"), ["stream", "length", "lag (undelivered)", "oldest unread", "pending (unacked)"],
       s.streams.map((x) => el("tr", { "data-stream": x.stream }, cell(x.stream), cell(x.length, "num"), cell(x.lag + (x.lag_capped ? "+" : ""), "num"), cell(num(x.lag_seconds, 1) + " s", "num"), cell(x.pending, "num")))

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 import re
+import time
 
-from agents.events import LEARNER_STATUS, serving_key
-from deploy.agent_api.dashboard_data import snapshot
+from agents.events import LEARNER_LEASE, LEARNER_STATUS, STREAM_FEEDBACK, serving_key
+from deploy.agent_api.dashboard_data import LAGGING_AFTER_S, learner_state, snapshot
 from deploy.agent_api.traffic import Tally
 from learner.policy.registry import PolicyRegistry, PolicyVersion
 
@@ -57,7 +58,7 @@ def test_canary_delivery_and_gate_figures_come_from_redis(redis_client):
         redis_client.set(serving_key(name), json.dumps(report))
     data = snapshot(redis_client, Tally(), canary_share=0.25)
 
-    assert data["canary"] == {"share": 0.25, **canary}
+    assert data["canary"] == {"share": 0.25, **canary, "checked": True}
     delivery = {d["alias"]: d for d in data["delivery"]}
     assert delivery["champion"]["delivered"] and delivery["champion"]["consistent"]
     assert delivery["candidate"]["servers"] == 2 and not delivery["candidate"]["consistent"]
@@ -72,3 +73,61 @@ def test_canary_delivery_and_gate_figures_come_from_redis(redis_client):
     redis_client.delete(serving_key("a:1"), serving_key("b:2"))  # both servers gone
     gone = {d["alias"]: d for d in snapshot(redis_client, Tally(), 0.25)["delivery"]}
     assert gone["candidate"]["servers"] == 0 and not gone["candidate"]["delivered"]
+
+
+def test_the_canary_is_named_by_the_registry_not_by_a_stale_learner_check(redis_client):
+    registry = PolicyRegistry(redis_client)
+    registry.ensure_base("tiny")
+    registry.publish(PolicyVersion("v1", "v0", "tiny", "file:///nowhere/v1", "lora"))
+    registry.open_candidate("v1", reason="gate passed", actor="test")
+    canary = snapshot(redis_client, Tally(), canary_share=0.1)["canary"]  # no learner status
+    assert canary == {"share": 0.1, "candidate": "v1", "champion": "v0", "checked": False}
+    stale = {"candidate": "v9", "champion": "v0", "n_candidate": 4, "diff": 0.3}
+    redis_client.set(LEARNER_STATUS, json.dumps({"updated_at": 1.0, "canary": stale}))
+    canary = snapshot(redis_client, Tally(), canary_share=0.1)["canary"]
+    assert canary["candidate"] == "v1" and not canary["checked"] and "diff" not in canary
+
+
+def test_a_round_of_kto_updates_only_is_charted(redis_client):
+    registry = PolicyRegistry(redis_client)
+    registry.ensure_base("tiny")
+    kto = {"kto/loss": 0.69, "kto/kl": 0.004, "updates": 2.0}
+    registry.publish(PolicyVersion("v1", "v0", "tiny", "file:///nowhere/v1", "lora", metrics=kto))
+    data = snapshot(redis_client, Tally(), canary_share=0.0)
+    assert data["rounds"][0]["kto/kl"] == 0.004 and "kl" not in data["rounds"][0]
+    for chart, value in (("kl", "0.004"), ("loss", "0.69")):
+        svg = data["charts"][chart]
+        assert 'data-series="KTO" data-x="v1" data-y="' + value + '"' in svg, chart
+        assert "no data yet" not in svg
+    assert "no data yet" in data["charts"]["entropy"]  # KTO has no entropy: honestly empty
+
+
+def test_no_chart_joins_two_versions_with_a_line(redis_client):
+    registry = PolicyRegistry(redis_client)
+    registry.ensure_base("tiny")
+    for n in (1, 2):
+        metrics = {"kl": 0.01 * n, "loss": 0.5 / n}
+        registry.publish(PolicyVersion(f"v{n}", "v0", "tiny", "file:///n", "lora", metrics=metrics))
+    charts = snapshot(redis_client, Tally(), canary_share=0.0)["charts"]
+    assert charts["kl"].count('class="point"') == 2
+    assert not any("polyline" in svg or "<path" in svg for svg in charts.values())
+
+
+def test_the_learner_is_running_lagging_stopped_or_never_seen(redis_client):
+    def state():
+        return snapshot(redis_client, Tally(), canary_share=0.0)["learner_state"]
+
+    assert state()["state"] == "never"
+    redis_client.set(
+        LEARNER_STATUS, json.dumps({"consumer": "l1", "updated_at": time.time() - 170})
+    )
+    stopped = state()
+    assert stopped["state"] == "stopped" and "last report 170 s ago" in stopped["line"]
+    redis_client.set(LEARNER_LEASE, "3|l1@host", px=30_000)
+    running = state()
+    assert running["state"] == "running" and running["line"].startswith("Learner running: l1@host")
+    stats = {"streams": [{"stream": STREAM_FEEDBACK, "lag_seconds": LAGGING_AFTER_S + 5}]}
+    lagging = learner_state({"updated_at": time.time()}, "3|l1@host", stats)
+    assert lagging["state"] == "lagging" and "65 s old" in lagging["line"]
+    stats["streams"][0]["lag_seconds"] = LAGGING_AFTER_S - 5
+    assert learner_state({"updated_at": time.time()}, "3|l1@host", stats)["state"] == "running"

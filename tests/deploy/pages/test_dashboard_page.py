@@ -5,9 +5,16 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from collections import Counter
+from dataclasses import replace
 
-from agents.events import STREAM_TRAJECTORIES, decode
+import redis
+
+from agents.events import LEARNER_LEASE, STREAM_TRAJECTORIES, decode
+from deploy.agent_api.dashboard_data import LAGGING_AFTER_S
+from deploy.embedded_redis import start_redis
+from learner.policy.lifecycle import VersionStatus
 from learner.policy.registry import PolicyRegistry
 from tests.fakes.api import API_KEY
 
@@ -94,3 +101,153 @@ def test_the_dashboard_charts_a_real_quick_demo(start_api, page, quick_demo, tmp
         assert int(cells.nth(2).inner_text()) == n, version
     page.screenshot(path=str(tmp_path / "report-card.png"), full_page=True)
     print(f"screenshot: {tmp_path / 'report-card.png'}")
+
+
+def copy_redis(source, directory):
+    """A Redis of its own holding every key of `source` (groups and TTLs kept): the shared
+    demo data stays as the demo left it."""
+    server = start_redis(directory)
+    target = redis.Redis.from_url(server.url)
+    for key in source.scan_iter(count=500):
+        ttl = source.pttl(key)
+        target.restore(key, ttl if ttl > 0 else 0, source.dump(key), replace=True)
+    return server, target
+
+
+def drawn(page) -> dict:
+    """What the dashboard shows, read back from the page."""
+    return page.evaluate(
+        """() => ({
+          canary: document.querySelector('#canary-state')?.textContent ?? null,
+          learner: document.querySelector('#learner-state').textContent,
+          state: document.querySelector('#learner').dataset.state,
+          lines: document.querySelectorAll('figure polyline, figure path.line').length,
+          empty: [...document.querySelectorAll('figure[data-chart]')]
+            .filter(f => f.querySelector('text.empty')).map(f => f.dataset.chart),
+          versions: Object.fromEntries([...document.querySelectorAll('#versions tr[data-version]')]
+            .map(r => [r.dataset.version, [...r.cells].map(c => c.firstChild?.textContent ?? '')])),
+          streams: Object.fromEntries([...document.querySelectorAll('#streams tr[data-stream]')]
+            .map(r => [r.dataset.stream, [...r.cells].map(c => c.textContent)])),
+          delivery: Object.fromEntries([...document.querySelectorAll('#delivery tr[data-alias]')]
+            .map(r => [r.dataset.alias, [...r.cells].map(c => c.textContent)])),
+        })"""
+    )
+
+
+def load(page, api) -> dict:
+    """Open the dashboard; the JSON of `GET /v1/dashboard` that the page drew."""
+    with page.expect_response(lambda r: r.url.endswith("/v1/dashboard") and r.ok) as answer:
+        open_page(page, api, "/dashboard?refresh=600")
+    data = answer.value.json()
+    page.wait_for_selector(f'body[data-loaded="{data["at"]}"]')
+    return data
+
+
+def pct(x) -> str:
+    return "–" if x is None else f"{100 * x:.0f}%"
+
+
+def test_every_figure_on_the_dashboard_is_the_apis_after_a_real_round(
+    start_api, page, quick_demo, tmp_path
+):
+    server, client = copy_redis(quick_demo[2], tmp_path / "redis")
+    try:
+        registry = PolicyRegistry(client)
+        v1 = registry.get("v1")
+        # a second round of thumbs only (KTO updates: `kto/*` metrics, no `kl`, `reward`)
+        # whose version passed the gate and went out as a canary against the demo's v1
+        kto = {"kto/loss": 0.69, "kto/kl": 0.004, "updates": 2.0}
+        registry.publish(
+            replace(
+                v1,
+                version="v2",
+                parent="v1",
+                metrics=kto,
+                report=None,
+                status=VersionStatus.READY,
+                created_at=time.time(),
+            )
+        )
+        registry.open_candidate("v2", reason="gate passed", actor="test")
+        api = start_api(redis_url=server.url, specs=None, canary_share=0.1)
+        data = load(page, api)
+        shown = drawn(page)
+
+        # the canary's arms are the registry's aliases, named with their versions
+        assert data["canary"]["candidate"] == "v2" and data["canary"]["champion"] == "v1"
+        assert shown["canary"].startswith("Canary: v2 (candidate) vs v1 (champion) on 10% ")
+        assert "undefined" not in shown["canary"]
+        assert not data["canary"]["checked"]  # the demo's learner never checked this canary
+        # the learner's state, said plainly: the demo's learner has stopped (its lease is gone)
+        assert data["learner_state"]["state"] == shown["state"] == "stopped"
+        assert shown["learner"] == data["learner_state"]["line"]
+        assert shown["learner"].startswith("Learner stopped")
+        # every chart: the API's points, and no line joins two versions
+        assert shown["lines"] == 0
+        for name in ("reward", "kl", "entropy", "clip_ratio", "completions/mean_length", "loss"):
+            on_page = page.evaluate(POINTS, name)
+            expected = {
+                (kind, r["version"], r[prefix + name])
+                for r in data["rounds"]
+                for kind, prefix in (("policy gradient", ""), ("KTO", "kto/"), ("DPO", "dpo/"))
+                if prefix + name in r
+            }
+            assert {(p["series"], p["x"], p["y"]) for p in on_page} == expected, name
+            for r in data["rounds"]:  # the API's rounds are the registry's metrics
+                metrics = registry.get(r["version"]).metrics
+                assert all(r[k] == metrics[k] for k in r if k in metrics)
+        assert {p["x"] for p in page.evaluate(POINTS, "kl")} == {"v1", "v2"}  # v2: KTO's kl
+        assert {p["x"] for p in page.evaluate(POINTS, "loss")} == {"v1", "v2"}
+        assert shown["empty"] == []  # every round chart has the rounds' points
+        held = {(p["x"], p["y"]) for p in page.evaluate(POINTS, "held_out")}
+        assert held == {
+            (r["version"], r["held_out"]["rate"]) for r in data["versions"] if r["held_out"]
+        }
+        live = {(p["series"], p["x"], p["y"]) for p in page.evaluate(POINTS, "live")}
+        assert live == {
+            (series, r["version"], r["traffic"][key])
+            for r in data["versions"]
+            if r["traffic"]
+            for series, key in (
+                ("thumbs-up rate", "thumbs_up_rate"),
+                ("feedback rate", "feedback_rate"),
+            )
+            if r["traffic"].get(key) is not None
+        }
+        # the tables: versions, delivery, streams
+        for r in data["versions"]:
+            cells = shown["versions"][r["version"]]
+            assert cells[1] == r["status"] and cells[2] == ", ".join(r["aliases"])
+            assert cells[3].startswith(pct(r["held_out"]["rate"]) if r["held_out"] else "–")
+            assert cells[6].startswith(r["gate"]["verdict"] or "–")
+            assert cells[7] == str(r["served_by"])
+        for d in data["delivery"]:
+            assert shown["delivery"][d["alias"]][:3] == [
+                d["alias"],
+                d["version"],
+                f"{d['servers']} of {d['of']}",
+            ]
+        for s in data["streams"]["streams"]:
+            cells = shown["streams"][s["stream"]]
+            assert [cells[1], cells[4]] == [str(s["length"]), str(s["pending"])]
+            assert cells[2] == f"{s['lag']}{'+' if s.get('lag_capped') else ''}"
+        assert shown["streams"]["dead"][1] == str(data["streams"]["dead_letters"])
+
+        # a learner that holds the lease is running (or lagging, by the streams' oldest unread)
+        client.set(LEARNER_LEASE, "9|learner-1@test", px=30_000)
+        data = load(page, api)
+        shown = drawn(page)
+        oldest = max(s["lag_seconds"] for s in data["streams"]["streams"])
+        assert (
+            shown["state"]
+            == data["learner_state"]["state"]
+            == ("lagging" if oldest > LAGGING_AFTER_S else "running")
+        )
+        assert shown["learner"] == data["learner_state"]["line"]
+        assert "learner-1@test" in shown["learner"]
+        assert shown["canary"].endswith("not checked yet: waiting for the learner's check")
+        page.screenshot(path=str(tmp_path / "dashboard-canary.png"), full_page=True)
+        print(f"screenshot: {tmp_path / 'dashboard-canary.png'}")
+    finally:
+        client.close()
+        server.stop()

@@ -135,7 +135,7 @@ def test_the_dashboard_and_report_card_render_under_their_csp(start_api, page):
         open_page(page, api, "/dashboard?refresh=60")
     assert_csp(dashboard.value)
     page.wait_for_selector("body[data-loaded]", state="attached", timeout=WAIT_MS)
-    assert page.locator("figure[data-chart] svg.chart").count() == 7
+    assert page.locator("figure[data-chart] svg.chart").count() == 8  # 2 + 6 round
     assert refused() == []
     with under_csp(page, "/report-card") as card:
         open_page(page, api, "/report-card")
