@@ -319,9 +319,11 @@ def to_model_step(
     model: str,
     index: int,
     latency_ms: float,
+    choice_at: int = 0,
 ) -> ModelStep:
-    """Record one litellm ModelResponse: output, tool calls, token ids, logprobs, version."""
-    choice = response.choices[0]
+    """Record one litellm ModelResponse (its choice at `choice_at`, of `n`): output, tool
+    calls, token ids, logprobs, version."""
+    choice = response.choices[choice_at]
     message = choice.message
     calls = [
         ToolCallRequest(id=c.id, name=c.function.name, arguments=c.function.arguments or "")

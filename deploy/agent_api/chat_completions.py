@@ -113,16 +113,26 @@ async def chat_completions(
         await asyncio.shield(runs.record(call, None))  # the call failed: no step
         raise _upstream(exc) from None
     latency_ms = (time.perf_counter() - start) * 1000
-    step = to_model_step(
-        response,
-        body.messages_sent(),
-        body.tools_sent(),
-        policy.model_for(pinned or call.arm),
-        call.index,
-        latency_ms,
-    )
-    step = policy.recorded(step, getattr(response, "_hidden_params", None), pinned or call.arm)
-    await runs.record(call, step.model_copy(update={"node": node}))
+    arm = pinned or call.arm
+    hidden = getattr(response, "_hidden_params", None)
+    steps = {
+        _index(choice, at): policy.recorded(
+            to_model_step(
+                response,
+                body.messages_sent(),
+                body.tools_sent(),
+                policy.model_for(arm),
+                call.index,
+                latency_ms,
+                choice_at=at,
+            ),
+            hidden,
+            arm,
+        ).model_copy(update={"node": node})
+        for at, choice in enumerate(response.choices)
+    }
+    step = steps.pop(min(steps))  # choice 0 continues the run; the others are its siblings
+    await _record(runs, call, step, steps)
     payload = completion_body(response, body.model, bool(body.logprobs))
     return JSONResponse(payload, headers=_arloop_headers(caller, call, step.policy_version))
 
@@ -190,7 +200,8 @@ async def _streamed(
     names the version), the step is recorded before `[DONE]`, and a client that leaves
     cancels the run (logged `cancelled`)."""
     runs: ExternalRuns = caller.services.runs  # type: ignore[assignment]
-    start, out = time.perf_counter(), StreamedCompletion()
+    start, outs = time.perf_counter(), _Choices()
+    out = outs.first
     try:
         chunks = await policy.respond(body.upstream(), arm=arm)
         first = await anext(chunks, None)
@@ -199,14 +210,16 @@ async def _streamed(
         raise _upstream(exc) from None
     logprobs, state = bool(body.logprobs), {"open": True}
 
-    def step() -> ModelStep:
+    def step(of: StreamedCompletion = out) -> ModelStep:
         latency_ms = (time.perf_counter() - start) * 1000
         model = policy.model_for(arm)
-        taken = out.step(body.messages_sent(), body.tools_sent(), model, call.index, latency_ms)
-        return policy.recorded(taken, out.hidden_params, arm).model_copy(update={"node": node})
+        taken = of.step(body.messages_sent(), body.tools_sent(), model, call.index, latency_ms)
+        if taken.prompt_token_ids is None:  # the prompt's ids come once, on the first chunk
+            taken = taken.model_copy(update={"prompt_token_ids": out.prompt_token_ids})
+        return policy.recorded(taken, of.hidden_params, arm).model_copy(update={"node": node})
 
     if first is not None:
-        _take(out, first)
+        outs.take(first)
     version = step().policy_version
 
     async def events():
@@ -214,7 +227,7 @@ async def _streamed(
             if first is not None:
                 yield _sse(chunk_body(first, body.model, logprobs))
             async for chunk in chunks:
-                _take(out, chunk)
+                outs.take(chunk)
                 yield _sse(chunk_body(chunk, body.model, logprobs))
         except PolicyError as exc:  # the stream has begun: say it there, as OpenAI does
             state["open"] = False
@@ -224,7 +237,7 @@ async def _streamed(
             error = {"message": reason, "type": "server_error", "code": exc.status}
             yield _sse({"error": error})
             return
-        await asyncio.shield(runs.record(call, step()))  # recorded before the client hears done
+        await asyncio.shield(_record(runs, call, step(), {i: step(o) for i, o in outs.others()}))
         state["open"] = False
         yield "data: [DONE]\n\n"
 
@@ -240,11 +253,34 @@ async def _streamed(
     return EventStream(events(), on_close=on_close, headers=headers)
 
 
-def _take(out: StreamedCompletion, chunk: Any) -> None:
-    """Add a chunk of the first choice to the step (a run records choice 0 of `n`)."""
-    choices = getattr(chunk, "choices", None) or []
-    if not choices or (getattr(choices[0], "index", 0) or 0) == 0:
-        out.add(chunk)
+class _Choices:
+    """The chunks of a stream, by choice: choice 0 continues the run, the others (`n` > 1)
+    are written as its siblings."""
+
+    def __init__(self) -> None:
+        self.first = StreamedCompletion()
+        self._by_index: dict[int, StreamedCompletion] = {0: self.first}
+
+    def take(self, chunk: Any) -> None:
+        choices = getattr(chunk, "choices", None) or []
+        at = _index(choices[0], 0) if choices else 0
+        self._by_index.setdefault(at, StreamedCompletion()).add(chunk)
+
+    def others(self) -> list[tuple[int, StreamedCompletion]]:
+        return sorted((i, o) for i, o in self._by_index.items() if i != 0)
+
+
+async def _record(
+    runs: ExternalRuns, call: Call, step: ModelStep, siblings: dict[int, ModelStep]
+) -> None:
+    """The run's step, then (if the run took it) the call's other choices beside it."""
+    if await runs.record(call, step) and siblings:
+        await runs.siblings(call, siblings)
+
+
+def _index(choice: Any, at: int) -> int:
+    index = getattr(choice, "index", None)
+    return at if index is None else int(index)
 
 
 async def _admit(caller: Caller, body: ChatCompletionRequest, user: str | None) -> None:

@@ -8,6 +8,8 @@ ARLOOP_RUN_IDLE_S: closed by whichever replica's sweeper sees it first) or `canc
 streamed call's client left: logged, never trained on). A closed run takes no more calls (409).
 Its canary arm is drawn once, when it starts, as a thread's is (`agents.threads`). Each step is
 scrubbed of PHI before it is kept; all of a run's keys share one hash tag (one cluster slot).
+A call with `n` > 1 continues the run with its choice 0; the other choices are written at once
+as one-step sibling trajectories (`siblings`, metadata `arloop.sibling_of`).
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ log = logging.getLogger(__name__)
 PREFIX = "arloop:ext"
 OPEN_RUNS = f"{PREFIX}:open"
 """Sorted set: trajectory id of each open run -> the time of its last call (the sweeper's)."""
+SIBLING_OF = "arloop.sibling_of"
+"""Metadata of a trajectory that is another choice (`n` > 1) of a run's call: the run's id."""
 KEEP_CLOSED_S = 24 * 3600
 """How long a closed run's record stays, so its run id is answered 409, not reopened."""
 
@@ -202,6 +206,42 @@ class ExternalRuns:
         kept = await self._record(keys=keys, args=[call.index, data, now, self.ttl_s])
         await self.client.zadd(OPEN_RUNS, {call.trajectory_id: now})
         return bool(kept)
+
+    async def siblings(self, call: Call, steps: dict[int, ModelStep]) -> list[TrajectoryEvent]:
+        """Write the other choices of a call with `n` > 1 (choice index -> its step) as closed
+        one-step trajectories beside the run, grouped by the learner by their prompt token ids
+        (with the run for its first call); the run's feedback token judges none of them."""
+        meta = as_text(await self.client.hget(_record(call.trajectory_id), "metadata") or "{}")
+        now, written = time.time(), []
+        for choice, step in sorted(steps.items()):
+            if self.scrub is not None:
+                step = await asyncio.to_thread(scrub_model_step, step, self.scrub)
+            step = step.model_copy(update={"index": 0})
+            metadata = json.loads(meta) | {
+                "arloop.source": "chat_completions",
+                SIBLING_OF: call.trajectory_id,
+                "arloop.call": str(call.index),
+                "arloop.choice": str(choice),
+            }
+            if not (step.prompt_token_ids and step.completion_token_ids):
+                metadata["arloop.text_only"] = "true"
+            event = TrajectoryEvent(
+                event_id=new_id("traj"),
+                thread_id=new_id("th"),  # a branch the conversation did not take
+                agent=call.agent,
+                user_id=call.user_id,
+                input=_first_user_text([step]),
+                output=step.output or "",
+                policy_version=step.policy_version,
+                steps=[step],
+                status=RunStatus.OK,
+                started_at=now - step.latency_ms / 1000,
+                finished_at=now,
+                metadata=metadata,
+            )
+            await self.sink.write(event)
+            written.append(event)
+        return written
 
     async def end(self, trajectory_id: str, credential: str, output: str) -> TrajectoryEvent:
         """Close a run with its final answer (404 unknown, 403 another key's, 409 closed or a

@@ -435,3 +435,41 @@ def test_the_policys_own_refusal_is_a_400_and_the_run_goes_on(start_api, llm):
     assert "the policy refused" in refused.value.message
     headers, answer = ask(client)
     assert answer.choices[0].message.content == "fine"
+
+
+def test_every_choice_of_n_is_recorded_choice_0_in_the_run(start_api, redis_url, redis_client):
+    """n > 1: choice 0 continues the run (its headers, its token); each other choice is a
+    one-step sibling trajectory, grouped by the learner with the run's step of the same prompt."""
+    from agents.events import ModelStep
+    from learner.samples import group_key
+
+    with running_server(tiny_settings(redis_url)) as base:
+        api = start_api(policy_api_base=base, policy_api_key="none", policy_max_tokens=6)
+        client = sdk(api, run="three-ways")
+        history = [{"role": "user", "content": "hi"}]
+        headers, answer = ask(client, messages=history, n=3, temperature=1.0, seed=5)
+        history += [{"role": "assistant", "content": answer.choices[0].message.content}]
+        history += [{"role": "user", "content": "more"}]
+        streamed = client.chat.completions.create(
+            model="arloop", messages=history, n=2, temperature=1.0, seed=6, stream=True
+        )
+        texts: dict[int, str] = {}
+        for chunk in streamed:
+            for choice in chunk.choices:
+                texts[choice.index] = texts.get(choice.index, "") + (choice.delta.content or "")
+        run = headers["X-Arloop-Trajectory"]
+        assert end(api, run, "done").status_code == 200
+    *siblings, event = trajectories(redis_client)
+    assert event.event_id == run and len(event.model_steps) == 2
+    assert event.model_steps[0].output == answer.choices[0].message.content
+    by_choice = {(s.metadata["arloop.call"], s.metadata["arloop.choice"]): s for s in siblings}
+    assert sorted(by_choice) == [("0", "1"), ("0", "2"), ("1", "1")]
+    for (call, choice), sibling in by_choice.items():
+        [step] = sibling.steps
+        assert isinstance(step, ModelStep) and step.index == 0
+        assert sibling.metadata["arloop.sibling_of"] == run and sibling.status == RunStatus.OK
+        assert step.prompt_token_ids and len(step.logprobs) == len(step.completion_token_ids)
+        want = answer.choices[int(choice)].message.content if call == "0" else texts[1]
+        assert step.output == want and sibling.user_id == event.user_id
+    assert group_key(by_choice[("0", "1")]) == group_key(by_choice[("0", "2")]) == group_key(event)
+    assert group_key(by_choice[("1", "1")]) != group_key(event)
