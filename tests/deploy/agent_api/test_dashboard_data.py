@@ -131,3 +131,40 @@ def test_the_learner_is_running_lagging_stopped_or_never_seen(redis_client):
     assert lagging["state"] == "lagging" and "65 s old" in lagging["line"]
     stats["streams"][0]["lag_seconds"] = LAGGING_AFTER_S - 5
     assert learner_state({"updated_at": time.time()}, "3|l1@host", stats)["state"] == "running"
+
+
+def test_a_real_round_on_thumbs_alone_has_its_points_on_the_round_charts(redis_client, tmp_path):
+    """Lone answers judged only by thumbs train by KTO: the round's figures are `kto/*`, which
+    the five policy-gradient charts alone showed as 'no data yet'."""
+    from learner.rounds import run_round
+    from learner.trajectory_source import TrajectorySource
+    from tests.learner.learner_events import feedback, trajectory, xadd
+    from tests.learner.learner_fixtures import base_registry, open_store, tiny_round_plan
+
+    registry, store = base_registry(redis_client), open_store(tmp_path)
+    for i in range(4):  # each prompt once: no group to compare with
+        t = trajectory(
+            f"What is {i} plus 30?",
+            "The answer is 42." if i % 2 else "no",
+            user=f"u{i}",
+            logprobs=True,
+        )
+        xadd(redis_client, t)
+        xadd(redis_client, feedback(t.event_id, "thumbs", 1 if i % 2 else -1, user=f"u{i}"))
+    source = TrajectorySource(redis_client, store, "learner-1", block_ms=10)
+    source.ensure_groups()
+    while not source.poll().caught_up:
+        pass
+    result = run_round(store, registry, tiny_round_plan(tmp_path, kto_judgements=True))
+    store.close()
+    assert "kl" not in result.metrics and "kto/loss" in result.metrics  # a KTO-only round
+    data = snapshot(redis_client, Tally(), canary_share=0.0)
+    charted = {}
+    for name, svg in data["charts"].items():
+        for series, x, y in re.findall(
+            r'data-series="([^"]+)" data-x="(v\d+)" data-y="([^"]+)"', svg
+        ):
+            charted[(name, series, x)] = float(y)
+    assert charted[("loss", "KTO", result.version)] == result.metrics["kto/loss"]
+    assert charted[("kl", "KTO", result.version)] == result.metrics["kto/kl"]
+    assert "no data yet" not in data["charts"]["loss"]
