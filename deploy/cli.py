@@ -384,6 +384,13 @@ def demo(
         "visit the final champion once more (its thumbs-up "
         "rate).",
     ),
+    phase_timeout: float = typer.Option(
+        900.0,
+        "--phase-timeout",
+        min=60.0,
+        help="Seconds each phase (start, a round's visits, training and its gate) may take "
+        "before the demo gives up; raise it on a busy machine or for --pack medical.",
+    ),
     tiny: bool = typer.Option(
         False,
         "--quick",
@@ -409,6 +416,7 @@ def demo(
         data_dir=data_dir,
         threads=threads,
         closing_visit=closing_visit,
+        phase_timeout_s=phase_timeout,
     )
     raise typer.Exit(main(opts, tiny=tiny))
 

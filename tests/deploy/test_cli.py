@@ -163,3 +163,17 @@ def test_the_serve_only_interpreter_really_lacks_torch():
         timeout=60,
     )
     assert result.returncode == 1 and "No module named 'torch'" in result.stderr
+
+
+def test_demo_phase_timeout_reaches_the_demo(monkeypatch):
+    """A busy machine or the medical pack needs longer phases than 900 s: --phase-timeout."""
+    import deploy.demo.run as demo_run
+
+    seen = {}
+    monkeypatch.setattr(demo_run, "main", lambda opts, tiny: seen.setdefault("opts", opts) and 0)
+    result = CliRunner().invoke(app, ["demo", "--pack", "medical", "--phase-timeout", "2400"])
+
+    assert result.exit_code == 0, result.output
+    assert seen["opts"].phase_timeout_s == 2400.0 and seen["opts"].pack == "medical"
+    refused = CliRunner().invoke(app, ["demo", "--phase-timeout", "5"])
+    assert refused.exit_code == 2 and "phase-timeout" in refused.output
