@@ -67,8 +67,14 @@ async def ask_head(
             "decision head %s answered %s: the model's reply stands", name, response.status_code
         )
         return None
-    data: dict[str, Any] = response.json()
-    return Decided(data["label"], float(data["probability"]), str(data.get("version", "")))
+    try:  # whatever the endpoint answers, a run never fails on its head
+        data: dict[str, Any] = response.json()
+        return Decided(str(data["label"]), float(data["probability"]), str(data.get("version", "")))
+    except (ValueError, KeyError, TypeError) as exc:
+        log.warning(
+            "decision head %s answered an unreadable body (%s): the reply stands", name, exc
+        )
+        return None
 
 
 def decided_metadata(decision: Decision, decided: Decided, reply: str) -> dict[str, str]:

@@ -228,7 +228,7 @@ class AgentRuntime:
             text = await asyncio.to_thread(entry.spec.input_filter, text)
         lease = await self.threads.open(thread_id or new_id("th"), user_id, agent)
         ctx = self._context(entry, user_id, arm or lease.arm, policy or entry.policy)
-        if emit is not None and entry.spec.guard is not None:
+        if emit is not None and (entry.spec.guard is not None or entry.spec.decision is not None):
             emit = _guarded(emit)
         ctx.emit = emit
         if emit is not None:
@@ -422,9 +422,10 @@ def final_output(state: dict[str, Any]) -> str:
 
 
 def _guarded(emit: Emit) -> Emit:
-    """What a listener hears of an agent with a guard: the start and its tool steps, never
-    the model's own text, which the guard may replace (a dose streamed token by token before
-    the fallback would already have been read). The answer comes with the run's end."""
+    """What a listener hears of an agent with a guard (or a decision its version's head
+    makes): the start and its tool steps, never the model's own text, which the guard may
+    replace (a dose streamed token by token before the fallback would already have been read)
+    or the head re-decide. The answer comes with the run's end."""
 
     def listen(update: RunUpdate) -> None:
         if update.kind not in ("delta", "model"):

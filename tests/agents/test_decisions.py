@@ -41,7 +41,10 @@ async def test_without_a_fitted_head_the_models_reply_stands(aredis, llm):
     assert not any(k.startswith("arloop.decision") for k in event.metadata)
 
 
-@pytest.mark.parametrize("label", ["banana", "", "Triage: emergency"])
+@pytest.mark.parametrize(
+    "label",
+    ["banana", "", "Triage: emergency", {"label": "urgent"}, {"probability": 1}, [1, 2], 7],
+)
 async def test_a_label_the_decision_does_not_know_is_ignored(aredis, llm, label):
     llm.heads["level"] = lambda request: label
     _sore_throat_run(llm)
@@ -70,3 +73,20 @@ async def test_a_failing_head_endpoint_leaves_the_reply_and_the_run_ok(aredis, l
     event = await runtime(aredis, llm).run("triage", SORE, "u1")
 
     assert event.output == GOOD
+
+
+async def test_an_agent_with_a_decision_streams_no_model_text_the_head_may_change(aredis, llm):
+    """As with a guard: a listener hears tool steps and the end, never the model's own level."""
+    from dataclasses import replace
+
+    from agents.packs.medical import triage
+    from agents.run_context import RunUpdate
+
+    llm.heads["level"] = lambda request: "urgent"
+    _sore_throat_run(llm)
+    heard: list[RunUpdate] = []
+    agent = replace(triage(), input_filter=None, guard=None)  # the decision alone
+    event = await runtime(aredis, llm, agent).run("triage", SORE, "u1", emit=heard.append)
+
+    assert triage_level(event.output) == "urgent"
+    assert heard and all(u.kind not in ("delta", "model") for u in heard)

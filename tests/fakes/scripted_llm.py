@@ -78,9 +78,10 @@ class ScriptedLLM:
         self.fingerprints = fingerprints or {}
         self.requests: list[dict[str, Any]] = []
         self.responses: list[dict[str, Any]] = []
-        self.heads: dict[str, Callable[[dict[str, Any]], str | None]] = {}
+        self.heads: dict[str, Callable[[dict[str, Any]], Any]] = {}
         """A decision head per name (`POST /v1/heads/{name}`): request -> label; None or no
-        head of that name: 404, as arloop's policy server answers for a version without one."""
+        head of that name: 404, as arloop's policy server answers for a version without one;
+        anything else than a label: that JSON body as it is."""
         self.head_requests: list[dict[str, Any]] = []
         self.app = Starlette(
             routes=[
@@ -105,6 +106,8 @@ class ScriptedLLM:
         label = head(request) if head else None
         if label is None:
             return JSONResponse({"error": {"message": f"no fitted head {name!r}"}}, status_code=404)
+        if not isinstance(label, str):  # a body as given: a head endpoint gone wrong
+            return JSONResponse(label)
         version = request["model"].partition("@")[2] or "champion"
         return JSONResponse({"label": label, "probability": 0.75, "version": version})
 
