@@ -61,7 +61,7 @@ def snapshot(
         "canary": canary(aliases, learner, canary_share),
         "streams": stats,
         "learner": learner,
-        "learner_state": learner_state(learner, _text(client.get(LEARNER_LEASE)), stats),
+        "learner_state": learner_state(learner, _lease(client), stats),
         "servers": servers,
         "delivery": delivery(aliases, servers),
     }
@@ -83,13 +83,19 @@ def canary(
 
 
 def learner_state(
-    status: dict[str, Any] | None, lease: str | None, stats: dict[str, Any]
+    status: dict[str, Any] | None, lease: str | None | PermissionError, stats: dict[str, Any]
 ) -> dict[str, Any]:
     """running / lagging / stopped / never, with the line that says why (docs/pages.md).
 
     The lease (renewed from a thread, even during a long round) says whether a learner process
     is alive; the streams' oldest unread entry (read now, not the learner's last report) says
     whether it keeps up."""
+    if isinstance(lease, PermissionError):
+        return {
+            "state": "unknown",
+            "line": f"Learner state unknown: this agent API's Redis user may not read "
+            f"{LEARNER_LEASE}; grant it %R~{LEARNER_LEASE} (deploy/manifests/redis-acl.conf).",
+        }
     updated = (status or {}).get("updated_at")
     seen = f"last report {time.time() - updated:.0f} s ago" if updated else "no report yet"
     if lease is None:
@@ -256,7 +262,13 @@ def _points(items: list[tuple[str, dict[str, Any]]], key: str) -> list[svg.Point
     return [svg.Point(v, t[key]) for v, t in items if t.get(key) is not None]
 
 
-def _text(raw: bytes | str | None) -> str | None:
+def _lease(client: redis.Redis) -> str | None | PermissionError:
+    """The learner's lease (`<token>|<holder>`), None when no learner holds it, or the refusal
+    of a Redis user whose ACL predates the dashboard's reading it."""
+    try:
+        raw = client.get(LEARNER_LEASE)
+    except redis.exceptions.NoPermissionError as exc:
+        return PermissionError(str(exc))
     return None if raw is None else as_text(raw)
 
 

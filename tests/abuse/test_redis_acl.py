@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from agents.events import POLICY_ALIASES, STREAM_FEEDBACK, STREAM_TRAJECTORIES
+from agents.events import LEARNER_LEASE, POLICY_ALIASES, STREAM_FEEDBACK, STREAM_TRAJECTORIES
 from deploy.embedded_redis import free_port, start_redis
 from tests.fakes.scripted_llm import Reply
 
@@ -100,6 +100,9 @@ def test_the_agent_api_runs_as_its_own_user_over_tls_and_cannot_move_the_champio
 
     as_agents = redis.Redis.from_url(agents, ssl_ca_certs=str(ca))
     assert as_agents.hget(POLICY_ALIASES, "champion") == b"v0"  # reading is allowed
+    as_agents.get(LEARNER_LEASE)  # the dashboard reads who holds the learner's lease ...
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        as_agents.set(LEARNER_LEASE, "1|not-a-learner")  # ... and cannot take it
     with pytest.raises(redis.exceptions.NoPermissionError):
         as_agents.hset(POLICY_ALIASES, "champion", "v1")
     with pytest.raises(redis.exceptions.NoPermissionError):

@@ -33,7 +33,9 @@
   // The arms are the registry's aliases; the figures are the learner's last check of these two.
   function canaryLine(c, state) {
     const arms = "Canary: " + c.candidate + " (candidate) vs " + c.champion + " (champion) on " + pct(c.share) + " of new threads";
-    if (!c.checked) return arms + "; not checked yet" + (state.state === "running" || state.state === "lagging" ? ": waiting for the learner's check" : ": no learner is running to decide it");
+    const waiting = { running: ": waiting for the learner's check", lagging: ": waiting for the learner's check",
+      stopped: ": no learner is running to decide it", never: ": no learner is running to decide it" };
+    if (!c.checked) return arms + "; not checked yet" + (waiting[state.state] || "");
     return arms + "; runs with feedback " + c.n_candidate + " vs " + c.n_champion + "; reward diff " + num(c.diff) +
       " (always-valid CI " + num(c.ci_low) + " .. " + num(c.ci_high) + ") → " + c.action;
   }

@@ -6,6 +6,8 @@ import json
 import re
 import time
 
+import redis
+
 from agents.events import LEARNER_LEASE, LEARNER_STATUS, STREAM_FEEDBACK, serving_key
 from deploy.agent_api.dashboard_data import LAGGING_AFTER_S, learner_state, snapshot
 from deploy.agent_api.traffic import Tally
@@ -168,3 +170,19 @@ def test_a_real_round_on_thumbs_alone_has_its_points_on_the_round_charts(redis_c
     assert charted[("loss", "KTO", result.version)] == result.metrics["kto/loss"]
     assert charted[("kl", "KTO", result.version)] == result.metrics["kto/kl"]
     assert "no data yet" not in data["charts"]["loss"]
+
+
+def test_a_redis_user_that_may_not_read_the_lease_says_so_and_the_dashboard_still_loads(
+    redis_client,
+):
+    class OldAcl:  # the agent API's user under an ACL from before the dashboard read the lease
+        def __getattr__(self, name):
+            return getattr(redis_client, name)
+
+        def get(self, key):
+            if key == LEARNER_LEASE:
+                raise redis.exceptions.NoPermissionError("no permissions")
+            return redis_client.get(key)
+
+    state = snapshot(OldAcl(), Tally(), canary_share=0.0)["learner_state"]
+    assert state["state"] == "unknown" and "redis-acl.conf" in state["line"]

@@ -178,6 +178,7 @@ def test_every_figure_on_the_dashboard_is_the_apis_after_a_real_round(
         assert shown["canary"].startswith("Canary: v2 (candidate) vs v1 (champion) on 10% ")
         assert "undefined" not in shown["canary"]
         assert not data["canary"]["checked"]  # the demo's learner never checked this canary
+        assert shown["canary"].endswith("not checked yet: no learner is running to decide it")
         # the learner's state, said plainly: the demo's learner has stopped (its lease is gone)
         assert data["learner_state"]["state"] == shown["state"] == "stopped"
         assert shown["learner"] == data["learner_state"]["line"]
