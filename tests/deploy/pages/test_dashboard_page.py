@@ -143,8 +143,9 @@ def load(page, api) -> dict:
     return data
 
 
-def pct(x) -> str:
-    return "–" if x is None else f"{100 * x:.0f}%"
+def pct(page, x) -> str:
+    """`x` as the page writes a share (JavaScript's rounding, not Python's)."""
+    return page.evaluate("x => arloop.pct(x)", x)
 
 
 def test_every_figure_on_the_dashboard_is_the_apis_after_a_real_round(
@@ -219,9 +220,22 @@ def test_every_figure_on_the_dashboard_is_the_apis_after_a_real_round(
         for r in data["versions"]:
             cells = shown["versions"][r["version"]]
             assert cells[1] == r["status"] and cells[2] == ", ".join(r["aliases"])
-            assert cells[3].startswith(pct(r["held_out"]["rate"]) if r["held_out"] else "–")
+            held = r["held_out"]
+            assert cells[3].startswith(pct(page, held["rate"]) if held else "–")
+            if held:
+                assert f"({held['solved']}/{held['n']})" in cells[3]
+                assert f"[{pct(page, held['low'])}, {pct(page, held['high'])}]" in cells[3]
+            t = r["traffic"] or {}
+            assert cells[4].startswith(pct(page, t.get("thumbs_up_rate")))
+            if "thumbs_up" in t:
+                assert cells[4].endswith(f"({t['thumbs_up']}/{t['thumbs_up'] + t['thumbs_down']})")
+            assert cells[5] == f"{pct(page, t.get('feedback_rate'))} ({t.get('runs', 0)})"
             assert cells[6].startswith(r["gate"]["verdict"] or "–")
             assert cells[7] == str(r["served_by"])
+        learner = data["learner"]  # the learner's own report: its last round and release
+        lines = page.locator("#learner p").all_inner_texts()
+        assert lines[1].startswith(f"last round: {learner['last_round']['version']} in ")
+        assert f"release: {learner['release']}" in lines
         for d in data["delivery"]:
             assert shown["delivery"][d["alias"]][:3] == [
                 d["alias"],
