@@ -40,6 +40,7 @@ import httpx
 
 from agents.packs.base import Pack, Task
 from agents.packs.red_flags import assess, red_flags
+from deploy.demo.stack import StackError
 from tools.verifiers import DISCLAIMER, triage_level
 
 
@@ -156,6 +157,10 @@ def feedback_for(
     return out
 
 
+RETRIED = (502, 503, 504)
+RETRY_PAUSES_S = (5.0, 20.0)
+
+
 class AgentClient:
     """The agent API as a client sees it: runs and feedback over HTTP (httpx)."""
 
@@ -164,9 +169,21 @@ class AgentClient:
         self.http = httpx.AsyncClient(base_url=base_url, headers=headers, timeout=timeout_s)
 
     async def run(self, agent: str, text: str, user_id: str, **extra: Any) -> dict[str, Any]:
-        r = await self.http.post(
-            f"/v1/agents/{agent}/runs", json={"input": text, "user_id": user_id, **extra}
-        )
+        """One run; a 502/503/504 (the policy too slow or away on a busy machine: the failed
+        run is rolled back) is tried again after a pause, as a person would, twice; then
+        StackError, one line naming the likely cause."""
+        body = {"input": text, "user_id": user_id, **extra}
+        for pause in (*RETRY_PAUSES_S, None):
+            r = await self.http.post(f"/v1/agents/{agent}/runs", json=body)
+            if r.status_code not in RETRIED or pause is None:
+                break
+            await asyncio.sleep(pause)
+        if r.status_code in RETRIED:
+            raise StackError(
+                f"the agent API answered {r.status_code} to a visit {len(RETRY_PAUSES_S) + 1} "
+                f"times ({r.text[:200]}): the machine is likely too busy for the policy's "
+                "timeout; run the demo alone, or raise ARLOOP_POLICY_TIMEOUT_S"
+            )
         r.raise_for_status()
         return r.json()
 

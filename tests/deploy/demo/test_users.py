@@ -223,3 +223,49 @@ def test_patients_feedback_is_a_clinics_the_assigned_disposition_on_a_share_of_v
     assert all(x["value"] == 1.0 for f in right for x in f if x["kind"] == "outcome")
     ask = next(t for t in medical.tasks("train") if t.reference == "ask")
     assert correction_text(ask).endswith("?")  # the question the rules would have asked
+
+
+def _flaky_api(statuses: list[int]):
+    """An agent API that answers each run with the next status (then 200 with a run)."""
+    from starlette.applications import Starlette
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    seen: list[int] = []
+
+    async def runs(request):
+        seen.append(1)
+        status = statuses.pop(0) if statuses else 200
+        if status != 200:
+            return JSONResponse({"error": "policy_timeout"}, status_code=status)
+        return JSONResponse({"trajectory_id": "t1", "output": "ok"})
+
+    return Starlette(routes=[Route("/v1/agents/{agent}/runs", runs, methods=["POST"])]), seen
+
+
+def test_a_visit_answered_504_is_tried_again_and_then_stops_the_demo_in_one_line(monkeypatch):
+    """On a busy machine a policy call can time out: the student asks again after a pause;
+    three 5xx in a row end the demo with one line naming the cause, not a traceback."""
+    import deploy.demo.users as users
+    from deploy.demo.stack import StackError
+    from tests.fakes.servers import ServerThread
+
+    monkeypatch.setattr(users, "RETRY_PAUSES_S", (0.01, 0.01))
+
+    async def visit(app):
+        with ServerThread(app) as server:
+            client = AgentClient(server.url, API_KEY)
+            try:
+                return await client.run("triage", "hi", "u1")
+            finally:
+                await client.aclose()
+
+    app, seen = _flaky_api([504, 502])
+    assert asyncio.run(visit(app))["trajectory_id"] == "t1" and len(seen) == 3
+    app, seen = _flaky_api([504, 504, 503, 504])
+    with pytest.raises(StackError, match="answered 503 to a visit 3 times.*too busy"):
+        asyncio.run(visit(app))
+    assert len(seen) == 3
+    app, _ = _flaky_api([422])
+    with pytest.raises(Exception, match="422"):  # a client error is not retried
+        asyncio.run(visit(app))
