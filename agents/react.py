@@ -61,9 +61,10 @@ def last_user_text(messages: list[AnyMessage]) -> str:
 async def recall_facts(state: AgentState, runtime: Runtime[RunContext]) -> dict:
     """Put what we know about this user that bears on the question into the prompt."""
     ctx = runtime.context
+    ctx.case = last_user_text(state["messages"])
     if ctx.memory is None:
         return {"notes": ""}
-    query = last_user_text(state["messages"])
+    query = ctx.case
     facts = await ctx.memory.recall(ctx.user_id, ctx.task_kind, "fact", query)
     return {"notes": format_notes("What you know about this user:", [f.text for f in facts])}
 
@@ -85,7 +86,7 @@ async def call_model(state: AgentState, runtime: Runtime[RunContext]) -> dict:
         return {"messages": [AIMessage(BUDGET_NOTE)], "steps_left": 0, "status": status}
     message = ai_message(step)
     if not step.tool_calls:  # the final reply: a decision the version's head makes goes in
-        decided = await ctx.decide(question_of(state), step.output or "")
+        decided = await ctx.decide(ctx.case or question_of(state), step.output or "")
         if decided is not None:
             message = AIMessage(content=decided)
     return {"messages": [message], "steps_left": left}

@@ -55,6 +55,7 @@ async def recall(state: ReflexionState, runtime: Runtime[RunContext]) -> dict:
     from earlier failures on similar tasks, and facts about the user."""
     ctx = runtime.context
     q = follow_up_case(state, state["question"])
+    ctx.case = q  # call_model's state is ReAct's, without `question`: the head reads this
     case = {"question": q, "pending": ""}  # a reply to a follow-up joins its case
     if ctx.memory is None:
         return case | {"notes": ""}

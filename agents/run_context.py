@@ -56,6 +56,10 @@ class RunContext:
     """Reflexion: whether a failed attempt at the question is worth a retry (None: always)."""
     decision: Decision | None = None
     """What the version's head decides in the model's final reply (`agents.decisions`)."""
+    case: str = ""
+    """The user's message this run answers, as the graph's first node read it (a reply to a
+    follow-up question joined to its case): what a decision head reads. Not the thread's last
+    human message, which on a Reflexion retry is the retry's instructions."""
     decided: dict[str, str] = field(default_factory=dict)
     """The head's last decision in this run (into the trajectory's metadata)."""
     steps: list[StepEvent] = field(default_factory=list)

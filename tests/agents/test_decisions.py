@@ -90,3 +90,20 @@ async def test_an_agent_with_a_decision_streams_no_model_text_the_head_may_chang
 
     assert triage_level(event.output) == "urgent"
     assert heard and all(u.kind not in ("delta", "model") for u in heard)
+
+
+async def test_a_retry_asks_the_head_about_the_patients_message_not_the_retry_note(aredis, llm):
+    """A Reflexion retry's last human message is its instructions ("did not pass the check");
+    the head must read the case itself on every attempt."""
+    from tests.agents.test_triage_envelope import HOSTILE
+
+    llm.heads["level"] = lambda request: "see a doctor"
+    llm.push(
+        Reply(tool_calls=[("kb_search", '{"query": "sore throat"}')]),
+        Reply(content=HOSTILE["dose"]),  # fails its checks: a reflection, then a retry
+    )
+    llm.responder = says(GOOD)
+    await runtime(aredis, llm).run("triage", SORE, "u1")
+
+    assert len(llm.head_requests) >= 2, "precondition: the run retried"
+    assert {r["input"] for r in llm.head_requests} == {SORE}
