@@ -2,22 +2,21 @@
 hidden states by a small classifier the learner fits on the labels users' feedback gives.
 
 A 135M model that is told the four triage levels still writes the level of its one worked
-example; the labels a clinic gives (5-15 a round) are far too few to move its words, and
-plenty to fit a linear read-out of what its hidden states already hold. So a version may
+example; the labels a clinic gives (5-15 a round) are too few to move its words, and enough
+to start fitting a linear read-out of what its hidden states already hold. So a version may
 carry, beside its weights, a head per decision (`heads.json` in its checkpoint folder):
 multinomial logistic regression on the mean, over the tokens of the user's message (alone,
 in the chat template), of one middle layer's hidden states of the *base* model. The base is
 what no round changes, so every example ever labelled keeps its features and each version's
-head is refitted on all of them (the parent's examples, then this round's labels; a prompt
-labelled again takes its latest label). Examples are kept as features and a digest of the
-prompt, never its text.
+head is refitted on all of them (`learner.decision_heads`: the learner's store keeps them; a
+prompt labelled again takes its latest label). Examples are kept as features and a digest of
+the prompt, never its text.
 
 The policy server answers `POST /v1/heads/{name}` with a version's head's label; an agent
 whose spec names the decision (`agents.decisions.Decision`) puts that label into the model's
 reply in place of its own (the pack's `apply`), before its verifier and its guard, which
-still decide what is returned. Measured on the medical pack's cases (train -> held-out
-phrasings, layer 16 of SmolLM2-135M, 5 draws): 12 labels 42 %, 24 labels 62 %, 48 labels
-79 % right, against 21 % for the model's own words.
+still decide what is returned. What a head learns from N labels: `bench/bench_level_head.py`
+(docs/medical.md, "Learning").
 """
 
 from __future__ import annotations
