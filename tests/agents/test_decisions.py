@@ -7,8 +7,9 @@ import pytest
 
 from agents.events import AnswerPath
 from tests.agents.test_triage_envelope import GOOD, HEART, SORE, assert_safe, runtime, says
+from tests.agents.test_triage_rules import FLOORS
 from tests.fakes.scripted_llm import Reply
-from tools.verifiers import triage_level
+from tools.verifiers import LEVELS, triage_level
 
 
 def _sore_throat_run(llm) -> None:
@@ -107,3 +108,22 @@ async def test_a_retry_asks_the_head_about_the_patients_message_not_the_retry_no
 
     assert len(llm.head_requests) >= 2, "precondition: the run retried"
     assert {r["input"] for r in llm.head_requests} == {SORE}
+
+
+@pytest.mark.parametrize("message", sorted(FLOORS))
+@pytest.mark.parametrize("model", ["garbage", "dose", "empty", "self-care"])
+async def test_a_head_saying_self_care_under_a_floor_never_reaches_the_patient(
+    aredis, llm, message, model
+):
+    """A hostile head (always `self-care`) over a hostile model: the floor the message's risk
+    factors set still holds, and what is returned passes every check of the pack."""
+    from tests.agents.test_triage_envelope import HOSTILE, IGNORES_RED_FLAG
+
+    llm.heads["level"] = lambda request: "self-care"
+    llm.responder = says(IGNORES_RED_FLAG if model == "self-care" else HOSTILE[model])
+    event = await runtime(aredis, llm).run("triage", message, "u1")
+
+    assert llm.head_requests, "precondition: the hostile head was asked"
+    level = triage_level(event.output)
+    assert level is not None and LEVELS.index(level) >= LEVELS.index(FLOORS[message]), event.output
+    assert_safe(message, event.output)
