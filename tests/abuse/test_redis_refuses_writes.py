@@ -14,6 +14,7 @@ import redis
 from agents.events import STREAM_FEEDBACK, STREAM_TRAJECTORIES, THREAD_PREFIX
 from deploy.embedded_redis import start_redis
 from tests.fakes.scripted_llm import Reply
+from tests.redis_cluster import _free_port as cluster_port
 
 
 @pytest.fixture
@@ -115,6 +116,7 @@ def test_a_cluster_node_is_a_503_naming_the_setting_and_not_ready(start_api, llm
     llm.responder = lambda request: Reply(content="ok")
     node = start_redis(
         tmp_path / "node",
+        cluster_port(),  # a cluster node's bus port is its port + 10000: 55535 at most
         extra=["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"],
     )
     try:
