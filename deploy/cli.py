@@ -345,7 +345,13 @@ def demo(
         min=2,
         help="Runs per round (students bring each problem in groups of --group).",
     ),
-    group: int = typer.Option(4, "--group", min=1, help="Students per problem (a GRPO group)."),
+    group: int = typer.Option(
+        None,
+        "--group",
+        min=1,
+        help="Users per problem (a GRPO group); default 4 for tutoring, 1 for medical (each "
+        "patient their own case).",
+    ),
     eval_size: int = typer.Option(
         480,
         "--eval-size",

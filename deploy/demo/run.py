@@ -32,7 +32,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from agents.packs.base import Pack
+from agents.packs.base import Pack, Task
 from deploy.demo.compare import final_comparison
 from deploy.demo.report import (
     COLUMNS,
@@ -70,7 +70,8 @@ class DemoOptions:
     """Simulated users talking to the agent API at once."""
     episodes: int = 32
     """Runs (visits) per round; `group` users bring the same problem."""
-    group: int = 4
+    group: int | None = None
+    """Users who bring the same problem; None: the pack's (`GROUPS`)."""
     eval_size: int = 480
     """Held-out problems the gate draws from (its looks: up to 72 of them, sampled 8 times)."""
     model: str = "smollm2"
@@ -116,6 +117,16 @@ DEMO_GATE: dict[str, Any] = {
 """The learner's gate settings (`ARLOOP_GATE__*`) in the demo; its final check uses them too."""
 FINAL_CHECK = DEMO_GATE | {"stop_when_released": False, "full_tasks": 16}
 """The final check runs on until "improved" is settled, and 16 whole runs give the users' view."""
+
+
+GROUPS = {"tutoring": 4, "medical": 1}
+"""Users per problem by pack: students in fours (the learner's prompt groups); every patient
+with a case of their own, so the clinic's dispositions label distinct messages (the level
+head learns from distinct cases: 8 cases labelled 4 times teach it what 8 labels do)."""
+
+
+def group_of(opts: DemoOptions) -> int:
+    return opts.group or GROUPS.get(opts.pack, 4)
 
 
 def quick(opts: DemoOptions) -> DemoOptions:
@@ -317,6 +328,13 @@ def _behaviour(pack: Pack, opts: DemoOptions) -> Behaviour:
     return Behaviour(noise=opts.noise, delay_s=(0.0, 1.0))
 
 
+def round_tasks(opts: DemoOptions, pack: Pack, r: int) -> list[Task]:
+    """The problems round `r`'s users bring, `group_of(opts)` users to each."""
+    rng = random.Random(f"{opts.seed if opts.draw is None else opts.draw}/{r}")
+    group = group_of(opts)
+    return visit_tasks(pack.tasks("train"), opts.episodes // group, group, rng)
+
+
 def _students(
     r: int,
     opts: DemoOptions,
@@ -328,12 +346,7 @@ def _students(
 ) -> VisitRecord:
     """Round `r`'s simulated students on the current champion."""
     champion = registry.resolve("champion")
-    tasks = visit_tasks(
-        pack.tasks("train"),
-        opts.episodes // opts.group,
-        opts.group,
-        random.Random(f"{opts.seed if opts.draw is None else opts.draw}/{r}"),
-    )
+    tasks = round_tasks(opts, pack, r)
     rec = VisitRecord(r, champion, [])
     rec.visits = timed(
         rec.seconds,

@@ -15,7 +15,7 @@ from agents.events import STREAM_EVAL_TRAJECTORIES, STREAM_FEEDBACK, STREAM_TRAJ
 from agents.packs import get_pack
 from agents.packs.tutoring import tutoring_pack
 from deploy.demo.report import headline
-from deploy.demo.run import DemoOptions, main, stack_env
+from deploy.demo.run import DemoOptions, main, round_tasks, stack_env
 from deploy.demo.visits import visit_tasks
 from learner.policy.registry import CHAMPION, PolicyRegistry
 
@@ -117,6 +117,20 @@ def test_a_round_spreads_its_problems_over_the_kinds_in_groups():
     counts = Counter(t.meta["kind"] for t in problems)
     assert set(counts) == {"add", "sub", "mul", "div"} and set(counts.values()) == {2, 3}
     assert len({t.id for t in problems}) == 10
+
+
+def test_every_patient_brings_a_case_of_their_own():
+    """The medical demo sent patients in fours, like students (a GRPO group): 32 visits were 8
+    cases, and the clinic's dispositions on half the visits labelled 6-7 distinct messages a
+    round, too few for the level head to pass the gate. Patients now bring 32 cases; students
+    still come in fours, and `--group` still decides when given."""
+    medical, tutoring = get_pack("medical"), get_pack("tutoring")
+    patients = round_tasks(DemoOptions(pack="medical"), medical, 1)
+    assert len(patients) == 32 and len({t.id for t in patients}) == 32
+    students = round_tasks(DemoOptions(), tutoring, 1)
+    assert len(students) == 32 and len({t.id for t in students}) == 8
+    fours = round_tasks(DemoOptions(pack="medical", group=4), medical, 1)
+    assert len({t.id for t in fours}) == 8
 
 
 def test_the_policy_server_grants_what_the_packs_agents_ask_for():
