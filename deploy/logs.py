@@ -24,7 +24,7 @@ from pythonjsonlogger.json import JsonFormatter
 LogFormat = Literal["json", "text"]
 UVICORN_LOGGERS = ("uvicorn", "uvicorn.error", "uvicorn.access")
 # INFO there is noise: a line per litellm completion, one per presidio recognizer at start.
-CHATTY_LOGGERS = ("LiteLLM", "LiteLLM Router", "LiteLLM Proxy", "presidio-analyzer")
+CHATTY_LOGGERS = ("LiteLLM", "LiteLLM Router", "LiteLLM Proxy", "presidio-analyzer", "httpx")
 # Record attributes that are not fields: uvicorn's ANSI copy of the message, litellm's mark on
 # a record it has scrubbed of secrets.
 _NOT_FIELDS = ("color_message", "litellm_redacted")

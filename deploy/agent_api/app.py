@@ -24,6 +24,8 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from agents.events import HEALTH_KEY, new_id
 from agents.model_routes import ModelRoute, ModelRouteError
+from agents.pack_fit import check_fit
+from agents.pack_fit import watch_fit as watch_fit_of
 from agents.packs.base import Pack
 from agents.policy_client import warm_up
 from agents.runtime import AgentSpec
@@ -56,7 +58,7 @@ from deploy.body_limit import BodyLimit
 from deploy.embedded_redis import StartGuard, ensure_redis
 from deploy.logs import bind, setup_logging
 from deploy.settings import AgentApiSettings
-from deploy.start_checks import port_free, refuse
+from deploy.start_checks import StartRefused, port_free, refuse
 from deploy.telemetry import setup_tracing
 
 log = logging.getLogger(__name__)
@@ -123,11 +125,14 @@ def create_app(
     specs: list[AgentSpec] | None = None,
     scrubber: Scrub | None = None,
     rng: random.Random | None = None,
+    watch_fit: bool = False,
 ) -> FastAPI:
     """The agent API app; Redis is connected at startup (the embedded one when no URL is set).
 
     `specs` defaults to the agents of `settings.packs`; `scrubber` to agents.pii's when
-    `settings.scrub_phi` is on; `rng` draws canary arms (seed it in tests).
+    `settings.scrub_phi` is on; `rng` draws canary arms (seed it in tests); `watch_fit`: the
+    agents' first calls are checked against the policy server once it answers (a start
+    that could not ask it), each misfit an error line.
     """
     settings = settings or AgentApiSettings()
     packs = _load_packs(settings.packs) if specs is None else []
@@ -144,8 +149,15 @@ def create_app(
         services = open_services(settings, url, specs, api_metrics, scrub, rng, score_rule)
         app.state.services = services
         closer = asyncio.create_task(close_idle_runs(services.runs))
+        fit = (
+            asyncio.create_task(watch_fit_of(specs, settings.policy_config()))
+            if watch_fit
+            else None
+        )
         yield
         closer.cancel()
+        if fit is not None:
+            fit.cancel()
         await services.redis.aclose()
         services.reader.close()
 
@@ -232,14 +244,14 @@ def serve() -> None:
     settings = AgentApiSettings()
     setup_logging("agent_api", settings.log_level, settings.log_format)
     setup_tracing("agent_api", settings.otlp_endpoint)
-    _check_start(settings)  # StartRefused, every problem at once, before Redis is started
+    fitted = _check_start(settings)  # StartRefused, every problem at once, before Redis starts
     guard, server = StartGuard(), None
     try:
         url = guard.ensure(settings.redis_url, settings.data_dir)
         until = "/healthz reports not ready until it answers"
         redis_conn.wait_for(url, settings, log.warning, until=until, background=True)
         redis_conn.check_mode(settings.redis_url, settings)  # a cluster without the cluster client
-        app = create_app(settings.model_copy(update={"redis_url": url}))
+        app = create_app(settings.model_copy(update={"redis_url": url}), watch_fit=not fitted)
         server = uvicorn.Server(_uvicorn_config(app, settings))
         server.run()
     finally:
@@ -266,19 +278,40 @@ def _uvicorn_config(app: FastAPI, settings: AgentApiSettings):
     )
 
 
-def _check_start(settings: AgentApiSettings) -> None:
-    """The port is free and the packs load, with their agents' models: all problems at once."""
+def _check_start(settings: AgentApiSettings) -> bool:
+    """The port is free, the packs load with their agents' models, and their first calls fit
+    the policy server's model: all problems at once. False when the policy server did not
+    answer, so the fit is still to be checked (`watch_fit`, once it answers)."""
     from agents.packs import PackNotFound
     from agents.spec_checks import AgentSpecError
 
+    specs: list[AgentSpec] = []
+    unchecked: list[str] = []
+
     def agents() -> None:
-        with_models(_agents_of(_load_packs(settings.packs), settings.packs), settings.agent_models)
+        specs.extend(
+            with_models(
+                _agents_of(_load_packs(settings.packs), settings.packs), settings.agent_models
+            )
+        )
+
+    def fit() -> None:
+        if not specs:  # the packs did not load: that is the problem to fix first
+            return
+        found = check_fit(specs, settings.policy_config())
+        unchecked.append(found.unchecked)
+        if found.problems:
+            raise StartRefused(found.problems)
 
     refuse(
         lambda: port_free(settings.host, settings.port, "AGENTS", "--port"),
         agents,
+        fit,
         errors=(PackNotFound, ModelRouteError, AgentSpecError),
     )
+    if any(unchecked):  # said only by a start that goes on
+        log.warning("%s", unchecked[0])
+    return not any(unchecked)
 
 
 def _too_large(max_bytes: int) -> dict[str, str]:

@@ -1,7 +1,8 @@
 """The policy server: OpenAI-compatible chat completions over the registry's versions.
 
 `POST /v1/chat/completions` (tools, logprobs, n, seed, stop, streaming, token ids),
-`GET /v1/models`, `GET /healthz`, `GET /metrics`. Model names: `arloop` (the champion),
+`GET /v1/models`, `POST /tokenize` (a chat request checked, nothing generated), `GET /healthz`,
+`GET /metrics`. Model names: `arloop` (the champion),
 `arloop@candidate`, `arloop@v7`; `system_fingerprint` names the version that answered.
 """
 
@@ -43,6 +44,7 @@ from deploy.policy_server.openai_wire import (
     tool_format_of,
 )
 from deploy.policy_server.settings import PolicyServerSettings
+from deploy.policy_server.tokenize import tokenize
 from deploy.policy_server.versions import Loader, VersionManager
 from learner.policy.registry import PolicyRegistry, VersionStatus
 
@@ -119,6 +121,7 @@ def create_app(
         | documented(400, 401, 403, 404, 413, 429, 500, 503),
     )(chat_completions)
     app.post("/v1/heads/{name}", responses=documented(400, 401, 403, 404, 413))(decide)
+    app.post("/tokenize", responses=documented(400, 401, 403, 404, 413))(tokenize)
     app.get("/v1/models", responses=documented(401, 413))(list_models)
     app.get("/v1/models/{model}", responses=documented(401, 404, 413))(retrieve_model)
     health = {"content": {"application/json": {}}, "description": "Degraded: `problems` say why"}

@@ -1,7 +1,8 @@
 """docs/first_agent.md, run: its pack (`tests/docs/first_agent/shop_pack.py`, the page's marked
 block) served through the agent API, the run its curl line sends, every feedback body it shows,
 and the small-model settings it gives on a real policy server with the tiny model, each 502 it
-quotes coming back, word for word, when its setting is left out."""
+quotes coming back, word for word, when its setting is left out (and refusing the agent API's
+start with that message)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,11 @@ import sys
 
 import pytest
 
+from agents.pack_fit import check_fit
+from agents.packs import agents_of, get_pack
 from deploy.embedded_redis import free_port
 from deploy.policy_server.settings import PolicyServerSettings
+from deploy.settings import AgentApiSettings
 from tests.deploy.policy_server.support import running_server
 from tests.docs.markdown import DOCS, ROOT, blocks
 from tests.fakes.scripted_llm import Reply
@@ -115,8 +119,20 @@ def test_the_small_model_settings_serve_the_tiny_model_each_left_out_is_the_502_
             )
             r = api.http.post(f"/v1/agents/{agent}/runs", json=request)
             api.stop()
+            config = AgentApiSettings(
+                _env_file=None, policy_api_base=base, policy_provider="arloop"
+            ).policy_config()
+            fit = check_fit(
+                agents_of([get_pack(p) for p in served_packs()], served_packs()), config
+            )
+        assert fit.unchecked == ""
         if expected is None:
             assert r.status_code == 200, r.text
             assert r.json()["policy_version"] == "v0"
+            assert fit.problems == []  # `arloop serve agents` starts
         else:
             assert r.status_code == 502 and expected in r.json()["detail"], (left_out, r.text)
+            # `arloop serve agents` refuses to start with that message (its counts are of the
+            # first call with a one-word message, not the page's question), naming the agent
+            said = [re.sub(r"\d+", "N", p) for p in fit.problems if f"agent {agent!r}" in p]
+            assert [re.sub(r"\d+", "N", expected) in p for p in said] == [True], fit.problems
