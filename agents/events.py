@@ -44,6 +44,7 @@ FEEDBACK_SEEN_PREFIX = f"arloop:feedback:seen:{FEEDBACK_TAG}"  # replay markers 
 FEEDBACK_SCORES_PREFIX = f"arloop:feedback:scores:{FEEDBACK_TAG}"  # named scores taken per run
 RATE_PREFIX = "arloop:rate"  # per-user rate-limit windows
 FEEDBACK_RATE_PREFIX = f"{RATE_PREFIX}:{FEEDBACK_TAG}"  # the feedback intake's windows
+CASE_KEY = "arloop.case"  # trajectory metadata: the case a reply to a follow-up question joined
 HEALTH_KEY = "arloop:health:agents"  # the agent API's /healthz writes it: does Redis take writes?
 FORGET_REQUESTS = "arloop:forget"  # hash: stored user id -> when its erasure was asked
 LEGACY_KEYS = {  # before the hash tags (0.x): `learner.policy.registry.migrate_legacy_keys`
@@ -200,6 +201,12 @@ class TrajectoryEvent(_Event):
     @property
     def trajectory_id(self) -> str:
         return self.event_id
+
+    @property
+    def case(self) -> str:
+        """What the run answered: `input`, after the case a follow-up question left pending
+        on the thread (`metadata[CASE_KEY]`) when `input` is the user's reply to it."""
+        return self.metadata.get(CASE_KEY) or self.input
 
     @property
     def model_answer(self) -> str:

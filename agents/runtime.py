@@ -18,7 +18,7 @@ from agents.adapter_routes import policy_client
 from agents.checkpoints import make_checkpointer
 from agents.decisions import Decision
 from agents.errors import ArloopError
-from agents.events import AnswerPath, ModelStep, RunStatus, TrajectoryEvent, new_id
+from agents.events import CASE_KEY, AnswerPath, ModelStep, RunStatus, TrajectoryEvent, new_id
 from agents.guard import Guard
 from agents.memory import LongTermMemory
 from agents.model_routes import ModelRoute
@@ -357,6 +357,8 @@ class AgentRuntime:
             }
         metadata = metadata | {f"arloop.{k}": v for k, v in (state.get("review") or {}).items()}
         metadata = metadata | {f"arloop.{k}": v for k, v in run.ctx.decided.items()}
+        if run.ctx.case and run.ctx.case != run.text:  # a reply to a follow-up question
+            metadata = metadata | {CASE_KEY: run.ctx.case}
         answered_by = AnswerPath(state.get("answered_by") or AnswerPath.MODEL.value)
         replaced = answered_by is not AnswerPath.MODEL
         status = STATUS_OF.get(answered_by, RunStatus(state["status"]))

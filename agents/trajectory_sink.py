@@ -16,7 +16,14 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from agents.events import STREAM_TRAJECTORIES, ModelStep, ToolStep, TrajectoryEvent, encode
+from agents.events import (
+    CASE_KEY,
+    STREAM_TRAJECTORIES,
+    ModelStep,
+    ToolStep,
+    TrajectoryEvent,
+    encode,
+)
 
 Scrub = Callable[[str], str]
 
@@ -86,12 +93,16 @@ def scrub_trajectory(event: TrajectoryEvent, scrub: Scrub) -> TrajectoryEvent:
         _model_step(st, s) if isinstance(st, ModelStep) else _tool_step(st, s) for st in event.steps
     ]
     model_output = s(event.model_output) if event.model_output is not None else None
+    metadata = event.metadata
+    if CASE_KEY in metadata:  # the user's earlier message, joined to their reply
+        metadata = metadata | {CASE_KEY: s(metadata[CASE_KEY])}
     return event.model_copy(
         update={
             "input": s(event.input),
             "output": s(event.output),
             "model_output": model_output,
             "steps": steps,
+            "metadata": metadata,
         }
     )
 

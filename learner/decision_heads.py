@@ -42,7 +42,7 @@ def decision_examples(
         decision = grounding[agent].decision if agent in grounding else None
         if decision is None or label.answer not in decision.labels or not label.episodes:
             continue
-        text = episodes[label.episodes[0]].trajectory.input
+        text = episodes[label.episodes[0]].trajectory.case  # what the head read serving it
         out.setdefault(decision.name, []).append((prompt_digest(key), label.answer, text))
     return out
 

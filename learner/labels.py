@@ -117,8 +117,10 @@ class Label:
 
 
 def prompt_key(trajectory: TrajectoryEvent) -> str:
-    """The agent and the user's text, case and spacing and closing punctuation ignored."""
-    text = re.sub(r"\s+", " ", trajectory.input.casefold()).strip().rstrip("?!. ")
+    """The agent and the case the run answered (a reply to a follow-up question joined to
+    the message it answers: two patients' "3 weeks" are two prompts), letter case, spacing
+    and closing punctuation ignored."""
+    text = re.sub(r"\s+", " ", trajectory.case.casefold()).strip().rstrip("?!. ")
     return f"{trajectory.agent}\x1f{text}"
 
 

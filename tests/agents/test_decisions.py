@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from agents.events import AnswerPath
+from agents.events import CASE_KEY, AnswerPath
 from tests.agents.test_triage_envelope import GOOD, HEART, SORE, assert_safe, runtime, says
 from tests.agents.test_triage_rules import FLOORS
 from tests.fakes.scripted_llm import Reply
@@ -108,6 +108,24 @@ async def test_a_retry_asks_the_head_about_the_patients_message_not_the_retry_no
 
     assert len(llm.head_requests) >= 2, "precondition: the run retried"
     assert {r["input"] for r in llm.head_requests} == {SORE}
+
+
+async def test_a_reply_to_a_follow_up_question_is_decided_and_recorded_with_its_case(aredis, llm):
+    """The reply ("3 weeks") is not the case: the head reads the message it answers joined to
+    it, and the trajectory keeps that case (`TrajectoryEvent.case`), which the learner fits
+    the head on; a new message on the same thread is a case of its own."""
+    llm.heads["level"] = lambda request: "see a doctor"
+    llm.responder = says(GOOD)
+    rt = runtime(aredis, llm)
+    first = await rt.run("triage", "my baby has a fever", "u1")
+    assert first.metadata.get("arloop.asked") == "age", "precondition: the rules asked"
+    second = await rt.run("triage", "3 weeks", "u1", thread_id=first.thread_id)
+    assert second.input == "3 weeks" and second.case.startswith("my baby has a fever\n")
+    assert second.case.endswith("3 weeks") and second.metadata[CASE_KEY] == second.case
+    assert llm.head_requests[-1]["input"] == second.case
+    third = await rt.run("triage", SORE, "u1", thread_id=first.thread_id)
+    assert CASE_KEY not in third.metadata and third.case == SORE
+    assert CASE_KEY not in first.metadata
 
 
 @pytest.mark.parametrize("message", sorted(FLOORS))

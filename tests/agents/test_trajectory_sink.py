@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from agents.events import (
+    CASE_KEY,
     STREAM_TRAJECTORIES,
     ModelStep,
     ToolCallRequest,
@@ -103,6 +104,17 @@ async def test_sink_writes_one_scrubbed_event(aredis):
     assert stream_id.decode() == entry_id
     stored = decode(fields)
     assert stored == scrub_trajectory(event, scrub) and b"Alice" not in fields[b"data"]
+
+
+async def test_the_case_a_reply_joined_is_scrubbed_like_the_input(aredis):
+    """A reply to a follow-up question carries the user's earlier message in its metadata
+    (`CASE_KEY`): the name in it is scrubbed as the input's would be."""
+    event = trajectory(model_step(0, "Alice has a cough", "Rest."))
+    event = event.model_copy(update={"metadata": {CASE_KEY: "Alice has a cough\nAge: 3"}})
+    await TrajectorySink(aredis, scrub).write(event)
+    [(_, fields)] = await aredis.xrange(STREAM_TRAJECTORIES)
+    assert b"Alice" not in fields[b"data"]
+    assert decode(fields).case == scrub("Alice has a cough\nAge: 3") != event.case
 
 
 async def test_sink_without_scrubber_writes_the_event_as_is(aredis):

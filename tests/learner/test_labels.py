@@ -6,11 +6,20 @@ import math
 
 import pytest
 
-from agents.events import AnswerPath
+from agents.decisions import Decision
+from agents.events import CASE_KEY, AnswerPath
+from learner.decision_heads import decision_examples
 from learner.episodes import Episode
 from learner.labels import Grounding, episode_votes, find_labels, prompt_key
 from tests.learner.learner_events import feedback, trajectory
-from tools.verifiers import final_number, mentioned_level, mentioned_number, triage_level
+from tools.verifiers import (
+    LEVELS,
+    final_number,
+    mentioned_level,
+    mentioned_number,
+    triage_level,
+    with_level,
+)
 
 TUTOR = {"tutor": Grounding(final_number, mentioned_number)}
 QUESTION = "What is 12 plus 30?"
@@ -91,6 +100,29 @@ def test_runs_of_the_same_prompt_vote_together_across_wordings():
     [label] = find_labels(runs, TUTOR, max_user_share=1.0).values()
     assert label.answer == "42" and label.episodes == (0, 1, 2)
     assert label.confidence == pytest.approx(19**2 / (1 + 19**2 + 1 / 19))
+
+
+def test_two_replies_alike_to_different_follow_up_questions_are_two_prompts():
+    """The same reply ("3 weeks") to two cases' follow-up questions: each run's prompt is the
+    case its reply joined (`TrajectoryEvent.case`), so their labels stay apart."""
+
+    def reply(case: str, answer: str, user: str) -> Episode:
+        meta = {CASE_KEY: f"{case}\nAge: 3 weeks"}
+        t = trajectory("3 weeks", answer, user=user).model_copy(update={"metadata": meta})
+        return Episode(t, (feedback(t.event_id, "outcome", 1.0, user=user),))
+
+    fever = reply("my baby has a fever", "Triage: emergency", "a")
+    rash = reply("my baby has a rash", "Triage: see a doctor", "b")
+    level = Decision("level", LEVELS, with_level)
+    grounding = {"tutor": Grounding(triage_level, mentioned_level, decision=level)}
+    assert prompt_key(fever.trajectory) != prompt_key(rash.trajectory)
+    labels = find_labels([fever, rash], grounding, max_user_share=1.0)
+    assert sorted(lb.answer for lb in labels.values()) == ["emergency", "see a doctor"]
+    examples = decision_examples([fever, rash], labels, grounding)["level"]
+    assert sorted(text for _, _, text in examples) == [
+        "my baby has a fever\nAge: 3 weeks",
+        "my baby has a rash\nAge: 3 weeks",
+    ]
 
 
 def test_conflicting_users_give_no_label():
