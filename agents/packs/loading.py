@@ -184,6 +184,7 @@ def _check(value: Any, ref: str, target: str) -> None:
             f"agent pack {ref!r}: {target} is a {type(value).__name__}, not an "
             "agents.packs.Pack (nor a function returning one)"
         )
+    _check_fields(value, ref, target)
     if value.run is not None:
         if value.agents or not callable(value.run):
             what = "agents beside its run" if value.agents else "a run that is not callable"
@@ -199,3 +200,35 @@ def _check(value: Any, ref: str, target: str) -> None:
             f"agent pack {ref!r}: {target} has {what}; Pack.agents is a tuple of "
             "agents.runtime.AgentSpec (or, for a team's own agent, give it `run`)"
         )
+
+
+CALLED = {
+    "tasks": "tasks(split) -> list[Task]",
+    "verify": "verify(task, answer) -> float",
+    "score_reward": "score_reward(key, score) -> float | None",
+}
+"""Pack fields that must be functions, with how they are called."""
+CALLED_OR_NONE = {
+    "answer_of": "answer_of(reply) -> str | None",
+    "reference_from": "reference_from(correction) -> str | None",
+    "restate": "restate(reply, answer) -> str | None",
+    "first_turn": "first_turn(task, step) -> float",
+}
+"""Pack fields that are a function or None."""
+
+
+def _check_fields(value: Pack, ref: str, target: str) -> None:
+    """The Pack's name is a non-empty str and its functions are functions: a wrong one is
+    said at load, naming the field, not when the learner or the gate first calls it."""
+    where = f"agent pack {ref!r}: {target}"
+    if not isinstance(value.name, str) or not value.name.strip():
+        raise PackNotFound(f"{where} has name {value.name!r}: give Pack.name a non-empty str")
+    wrong = [(f, how) for f, how in CALLED.items() if not callable(getattr(value, f))] + [
+        (f, how)
+        for f, how in CALLED_OR_NONE.items()
+        if getattr(value, f) is not None and not callable(getattr(value, f))
+    ]
+    if wrong:
+        field, how = wrong[0]
+        got = type(getattr(value, field)).__name__
+        raise PackNotFound(f"{where} has a {got} as Pack.{field}: give it a function, {how}")

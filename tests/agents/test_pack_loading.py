@@ -34,6 +34,9 @@ EMPTY = Pack("empty", ())
 WRONG = Pack("wrong", ("faq",))
 AGENT = AgentSpec(name="faq", description="d", system_prompt="s")
 TWIN = Pack("twin", (AgentSpec(name="faq", description="d", system_prompt="s"),))
+NAMELESS = Pack("", (AGENT,))
+LISTED = Pack("listed", (AGENT,), tasks=["What are your hours?"])
+UNREAD = Pack("unread", (AGENT,), answer_of="final_number")
 
 def broken():
     raise RuntimeError("no database")
@@ -142,6 +145,9 @@ def not_packs(tmp_path, monkeypatch):
         ("not_packs:broken", r"calling not_packs:broken\(\) raised RuntimeError: no database"),
         ("not_packs:EMPTY", "has no agents; Pack.agents is a tuple of agents.runtime.AgentSpec"),
         ("not_packs:WRONG", "has a str among its agents"),
+        ("not_packs:NAMELESS", "has name '': give Pack.name a non-empty str"),
+        ("not_packs:LISTED", r"a list as Pack.tasks: give it a function, tasks\(split\)"),
+        ("not_packs:UNREAD", r"a str as Pack.answer_of: give it a function, answer_of\(reply\)"),
         ("not_packs:", "is not 'module:attr'"),
     ],
 )
