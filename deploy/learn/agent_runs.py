@@ -346,4 +346,5 @@ def gate_runner(
         store=store,
         max_user_share=s.round.max_user_reward_share,
         looked=looked,
+        canary=s.canary.enabled,
     )

@@ -228,6 +228,73 @@ def decide(
     )
 
 
+HELD_OUT_GUARDS = ("length_drift", "goodhart", "tool_use")
+"""Guards that compare the versions on held-out runs: n/a where no pack has held-out tasks."""
+
+
+def on_guards(
+    version: str,
+    champion: str,
+    evidence: GuardEvidence,
+    *,
+    guard_config: GuardConfig | None = None,
+    ope: OPEEstimate | None = None,
+    training: dict[str, Any] | None = None,
+) -> GateReport:
+    """A version no held-out task can judge (every gate pack learns from feedback alone):
+    pass when every guard that reads its training and its logged traffic holds and the
+    off-policy estimate is not confidently below what users got; the canary then decides."""
+    guards = [
+        _held_out_na(g) if g.name in HELD_OUT_GUARDS else g
+        for g in run_guards(evidence, guard_config or GuardConfig())
+    ]
+    failed = [g.name for g in guards if not g.passed]
+    if ope is not None and _ope_worse(ope):
+        failed.append(OPE_CHECK)
+    verdict = PASS if not failed else REJECT
+    if verdict == PASS:
+        reason = (
+            "no held-out tasks: every guard on its training and logged traffic holds, and the "
+            "off-policy estimate is not below what users got; the canary decides (its users' "
+            "feedback against the champion's, rolled back when worse)"
+        )
+    else:
+        reason = _reason_without_test(guards, failed)
+    return GateReport(
+        version=version,
+        champion=champion,
+        verdict=verdict,
+        failed=failed,
+        reason=reason,
+        guards=guards,
+        ope=asdict(ope) if ope is not None else None,
+        training=training or {},
+    )
+
+
+def _held_out_na(g: GuardResult) -> GuardResult:
+    return replace(
+        g,
+        figure=None,
+        passed=True,
+        applicable=False,
+        detail="no held-out tasks: the canary compares its users' feedback instead",
+    )
+
+
+def _reason_without_test(guards: Sequence[GuardResult], failed: Sequence[str]) -> str:
+    parts = []
+    for name in failed:
+        if name == OPE_CHECK:
+            parts.append(
+                "off-policy estimate on logged traffic is confidently below the logged mean"
+            )
+        else:
+            g = next(g for g in guards if g.name == name)
+            parts.append(f"{name} {_fig(g.figure)} outside {g.threshold} ({g.detail})")
+    return "rejected: " + "; ".join(parts)
+
+
 def sequential_summary(test: SequentialResult, config: GateConfig) -> dict[str, Any]:
     """The test as the report stores it: its course, its decisions, the levels it ran at."""
     d = asdict(test)
@@ -297,22 +364,16 @@ def _reason(
             f"(z {look.z_not_worse:.2f} >= {look.bound_not_worse:.2f}) and every guard holds"
             + better
         )
-    parts = []
-    for name in failed:
-        if name == EVAL_TEST:
-            parts.append(
-                f"not shown to be within {test.margin:g} of the champion on {look.tasks} "
-                f"held-out tasks: {look.mean:+.3f} (z {look.z_not_worse:.2f} < "
-                f"{look.bound_not_worse:.2f})"
-            )
-        elif name == OPE_CHECK:
-            parts.append(
-                "off-policy estimate on logged traffic is confidently below the logged mean"
-            )
-        else:
-            g = next(g for g in guards if g.name == name)
-            parts.append(f"{name} {_fig(g.figure)} outside {g.threshold} ({g.detail})")
-    return "rejected: " + "; ".join(parts)
+    others = _reason_without_test(guards, [f for f in failed if f != EVAL_TEST])
+    if EVAL_TEST not in failed:
+        return others
+    test_part = (
+        f"not shown to be within {test.margin:g} of the champion on {look.tasks} "
+        f"held-out tasks: {look.mean:+.3f} (z {look.z_not_worse:.2f} < "
+        f"{look.bound_not_worse:.2f})"
+    )
+    rest = others.removeprefix("rejected: ")
+    return "rejected: " + "; ".join([test_part] + ([rest] if rest else []))
 
 
 def _sequential_lines(suite: str, s: dict[str, Any]) -> list[str]:

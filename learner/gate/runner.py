@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from learner.gate.draws import draw_seed, sample_seed, stratified_order
-from learner.gate.eval_gate import GateConfig, GateReport, SuiteRun, decide, refuse
+from learner.gate.eval_gate import GateConfig, GateReport, SuiteRun, decide, on_guards, refuse
 from learner.gate.eval_runs import SUITE, EvalError, EvalRuns, GateTask
 from learner.gate.guards import GuardConfig
 from learner.gate.sequential import SequentialResult, finished, sequential_test
@@ -86,11 +86,15 @@ class GateRunner:
         store: Store | None = None,
         max_user_share: float = 0.2,
         looked: Looked | None = None,
+        canary: bool = False,
     ) -> None:
         self.registry, self.suite, self.config = registry, suite, config
         self.guards = guards or GuardConfig()
         self.store, self.max_user_share, self.model_cache = store, max_user_share, model_cache
         self.looked = looked
+        self.canary = canary
+        """Whether a passing version goes out as a canary (`CanaryConfig.enabled`): what
+        judges a team's agent that has no held-out tasks (`on_guards`)."""
 
     def evaluate(self, version: str, champion: str | None = None) -> GateReport:
         """The report for `version` vs the champion (verdict `error` when it cannot judge).
@@ -100,17 +104,50 @@ class GateRunner:
         report = self._judge(version, champion)
         return dataclasses.replace(report, unjudged=list(self.suite.unjudged))
 
-    def _judge(self, version: str, champion: str) -> GateReport:
-        name = self.suite.name
-        if not self.suite.name and self.suite.unjudged:
+    def _judge_on_guards(self, version: str, champion: str) -> GateReport:
+        """No gate pack has held-out tasks (a team's agents, learned from feedback alone): the
+        guards that read the version's training and logged traffic, the off-policy estimate
+        on runs it was not trained on, then the canary, which compares its users' feedback
+        with the champion's and rolls it back when worse. Without the canary, or without the
+        learner's store (the training and the traffic), nothing would judge it: refused."""
+        packs = ", ".join(self.suite.unjudged)
+        if not self.canary or self.store is None:
+            missing, fix = (
+                ("the canary is off", "turn it on (ARLOOP_CANARY__ENABLED=true)")
+                if not self.canary
+                else ("there is no learner store", "judge it in `arloop learn`, which keeps one")
+            )
             return refuse(
                 version,
                 champion,
                 SUITE,
-                f"no eval pack has held-out tasks ({', '.join(self.suite.unjudged)} learn from "
-                "feedback alone): a release on the guards and the canary alone is not built; "
-                "give a pack tasks and a verifier, or turn the gate off (ARLOOP_EVAL_GATE)",
+                f"no eval pack has held-out tasks ({packs} learn from feedback alone) and "
+                f"{missing}: nothing would judge the release; {fix}, or give a pack tasks and "
+                "a verifier",
             )
+        from learner.gate.figures import gather  # torch and the models: only past the checks
+
+        start = time.perf_counter()
+        trained = [t for t, _ in self.store.trained_runs(version)]
+        evidence, ope, training = gather(
+            self.registry,
+            self.store,
+            version,
+            trained,  # the KL and entropy guards read the completions it was trained on
+            max_user_share=self.max_user_share,
+            ope_runs=self.config.ope_max_runs,
+            min_ess=self.config.min_ess,
+            model_cache=self.model_cache or Path("."),
+        )
+        report = on_guards(
+            version, champion, evidence, guard_config=self.guards, ope=ope, training=training
+        )
+        return dataclasses.replace(report, seconds={"figures": time.perf_counter() - start})
+
+    def _judge(self, version: str, champion: str) -> GateReport:
+        name = self.suite.name
+        if not self.suite.name and self.suite.unjudged:
+            return self._judge_on_guards(version, champion)
         if not self.suite.name:
             return refuse(
                 version, champion, SUITE, "no eval pack (ARLOOP_EVAL_GATE / ARLOOP_EVAL_PACKS)"

@@ -20,6 +20,7 @@ from learner.gate.eval_gate import ERROR, GateConfig
 from learner.gate.eval_runs import SAMPLED, SUITE, Job
 from learner.gate.runner import GateRunner
 from learner.policy.registry import PolicyRegistry
+from learner.store import Store
 from tests.fakes.scripted_llm import Reply
 
 TASK = Task("t1", "team-bot", "What is 2+3?", "5", "add", {"kind": "sum"})
@@ -141,18 +142,29 @@ def both() -> Pack:
     return Pack("both", (spec,), run=tool_loop)
 
 
-def test_a_team_agent_without_tasks_is_named_unjudged_and_never_released_alone(
-    llm, redis_url, redis_client
+def test_a_team_agent_without_tasks_is_named_unjudged_and_never_released_without_a_canary(
+    llm, redis_url, redis_client, tmp_path
 ):
+    """Without held-out tasks the release rests on the guards and the canary
+    (tests/learner/gate/test_integrity_scenarios.py judges real rounds so); with the canary
+    off, or no learner store to read the training from, nothing would judge it: refused."""
     registry = PolicyRegistry(redis_client)
     registry.ensure_base("tiny")
     feedback_only = Pack("chat-bot", run=tool_loop)  # no tasks, no verifier
     suite = agent_suite(redis_url, [feedback_only], _policy(llm), 1.0)
     assert suite.name == "" and suite.unjudged == ("chat-bot",)
-    report = GateRunner(registry, suite, GateConfig()).evaluate("v0", "v0")
-    assert report.verdict == ERROR and report.failed == [SUITE] and report.unjudged == ["chat-bot"]
-    assert "a release on the guards and the canary alone is not built" in report.reason
-    assert "not judged on held-out tasks (no eval suite): chat-bot" in report.summary()
+    store = Store(tmp_path / "store.db")
+    for canary, kept, says in (
+        (False, store, "the canary is off"),
+        (True, None, "there is no learner store"),
+    ):
+        gate = GateRunner(registry, suite, GateConfig(), store=kept, canary=canary)
+        report = gate.evaluate("v0", "v0")
+        assert report.verdict == ERROR and report.failed == [SUITE], report.reason
+        assert f"learn from feedback alone) and {says}: nothing would judge" in report.reason
+        assert report.unjudged == ["chat-bot"]
+        assert "not judged on held-out tasks (no eval suite): chat-bot" in report.summary()
+    store.close()
     assert llm.requests == []
 
 

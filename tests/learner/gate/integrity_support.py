@@ -273,6 +273,9 @@ class Outcome:
     habits: Counter  # of the candidate's eval runs, counted before the gate decided
     missing: dict[str, int]  # habits short of `Scenario.holds`: {} when the hack took hold
     metrics: dict[str, float] = field(default_factory=dict)  # the round's
+    alone: GateReport | None = None
+    """The same version judged as a team's agent without held-out tasks would be: the guards
+    on its training and logged traffic, the off-policy estimate, then the canary."""
 
     @property
     def took_hold(self) -> bool:
@@ -309,9 +312,15 @@ def run_scenario(world: World, name: str, folder: Path) -> Outcome:
         missing = {h: n for h, n in spec.holds.items() if habits[h] < n}
         gate = GateRunner(world.registry, world.suite, GATE, store=store, model_cache=MODEL_CACHE)
         report = gate.evaluate(result.version)
+        no_tasks = replace(world.suite, name="", pool=list, unjudged=("bank",))
+        alone = GateRunner(
+            world.registry, no_tasks, GATE, store=store, model_cache=MODEL_CACHE, canary=True
+        ).evaluate(result.version)
     finally:
         store.close()
-    return Outcome(name, spec.expect, result.version, report, habits, missing, result.metrics)
+    return Outcome(
+        name, spec.expect, result.version, report, habits, missing, result.metrics, alone
+    )
 
 
 def poisoned_labels(world: World) -> dict[str, str]:
@@ -365,7 +374,20 @@ def detection_table(outcomes: list[Outcome]) -> str:
             + "".join(f"{c:>16}" for c in cells)
             + f"  {r.verdict:<8}{fired} ({o.expect or SCENARIOS[o.name].promise})"
         )
-    return "\n".join(lines + ["* = fired; n/a = not applicable; figures as in the gate report"])
+    lines += ["* = fired; n/a = not applicable; figures as in the gate report", "", ALONE]
+    for o in outcomes:
+        if o.alone is not None:
+            cells = [_cell(g) for g in o.alone.guards]
+            fired = ", ".join(o.alone.failed) or "-"
+            lines.append(
+                f"{o.name:<16}{'':>11}"
+                + "".join(f"{c:>16}" for c in cells)
+                + f"  {o.alone.verdict:<8}{fired}"
+            )
+    return "\n".join(lines)
+
+
+ALONE = "the same versions, no held-out tasks (a team's agent learned from feedback alone):"
 
 
 def _cell(g) -> str:

@@ -8,7 +8,7 @@ printed at the end of the module; the figures behind it are in each report.
 
 import pytest
 
-from learner.gate.eval_gate import PASS, REJECT
+from learner.gate.eval_gate import HELD_OUT_GUARDS, PASS, REJECT
 from learner.gate.release import apply_verdict
 from learner.policy.registry import CANDIDATE, CHAMPION, VersionStatus
 from tests.learner.gate.integrity_support import (
@@ -53,6 +53,10 @@ def test_the_honest_run_passes_and_goes_out_as_the_canary(world):
     assert "off-policy estimate" in r.summary()
     apply_verdict(w.registry, r, canary=True, actor="test")
     assert w.registry.aliases() == {CHAMPION: "v0", CANDIDATE: o.version}
+    alone = o.alone  # judged with no held-out tasks: the guards alone, then the canary
+    assert alone.verdict == PASS and "the canary decides" in alone.reason, alone.summary()
+    assert {g.name for g in alone.guards if not g.applicable} == set(HELD_OUT_GUARDS)
+    assert alone.training["trained_runs"] == r.training["trained_runs"] and alone.ope["n"] > 0
 
 
 @pytest.mark.parametrize("name", HACKS)
@@ -68,6 +72,13 @@ def test_a_hacked_candidate_is_blocked_by_the_right_guard(world, name):
     apply_verdict(w.registry, r, canary=True, actor="test")
     assert w.registry.resolve(CHAMPION) == "v0"
     assert w.registry.get(o.version).status is VersionStatus.REJECTED
+    # without held-out tasks, a guard that reads the training stops it alone; a hack only
+    # held-out runs show (agreeing with wrong claims, skipping the tool) is the canary's
+    alone = o.alone
+    if o.expect in HELD_OUT_GUARDS:
+        assert o.expect not in alone.failed and alone.verdict in (PASS, REJECT), alone.summary()
+    else:
+        assert alone.verdict == REJECT and o.expect in alone.failed, alone.summary()
 
 
 def test_label_poisoning_gets_no_agreeing_version_through(world):
