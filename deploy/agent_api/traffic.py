@@ -15,7 +15,8 @@ the deployment's, shown to every tenant with the registry.
 
 What memory they take, whatever the traffic:
 - per tenant, at most `MAX_VERSIONS` versions and `MAX_CARDS` agent-and-version cards: the
-  least recently active goes first, and starts again from zero if it comes back;
+  least recently active goes first, and starts again from zero if it comes back; a card
+  counts at most `MAX_NODES` graph nodes by name (a client names them), the rest together;
 - a run is "rated" when any user feedback names it. The ids of the latest `RATED_WINDOW`
   rated runs are kept (`RecentIds`, about 8 bytes an id): a run rated again after more than
   that many other runs were rated since its first feedback counts as rated twice (feedback
@@ -75,6 +76,11 @@ class VersionTraffic:
         }
 
 
+MAX_NODES = 32
+"""Graph nodes a report card counts by name, per agent and version; more: `OTHER_NODES`."""
+OTHER_NODES = "(other)"
+
+
 @dataclass
 class CardCounts:
     """The report card's counts for one agent and version (rules: `report_card`)."""
@@ -86,6 +92,9 @@ class CardCounts:
     retried: int = 0
     retry_fixed: int = 0
     stress: dict[str, list[int]] = field(default_factory=dict)  # case -> [runs, passed]
+    nodes: dict[str, list[float]] = field(default_factory=dict)
+    """Graph node (`ModelStep.node`) -> [calls, calls that asked for tools, latency ms summed];
+    at most `MAX_NODES` names, the rest counted under `OTHER_NODES` (names come from clients)."""
 
     def add(self, t: TrajectoryEvent) -> None:
         case = rc.stress_case(t)
@@ -102,6 +111,17 @@ class CardCounts:
         if rc.retried(t):
             self.retried += 1
             self.retry_fixed += rc.retry_fixed(t)
+        for step in t.model_steps:
+            if step.node is not None:
+                name = (
+                    step.node
+                    if step.node in self.nodes or len(self.nodes) < MAX_NODES
+                    else OTHER_NODES
+                )
+                seen = self.nodes.setdefault(name, [0, 0, 0.0])
+                seen[0] += 1
+                seen[1] += bool(step.tool_calls)
+                seen[2] += step.latency_ms
 
     def view(self) -> dict[str, Any]:
         return {
@@ -112,6 +132,10 @@ class CardCounts:
             "stress": {
                 case: {"runs": n, "passed": ok, "rate": ok / n if n else None}
                 for case, (n, ok) in sorted(self.stress.items())
+            },
+            "nodes": {
+                node: {"calls": int(n), "tool_calls": int(k), "latency_ms": ms / n}
+                for node, (n, k, ms) in sorted(self.nodes.items())
             },
         }
 

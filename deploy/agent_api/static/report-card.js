@@ -15,6 +15,12 @@
         el("tr", { "data-agent": a.agent, "data-version": a.version }, cell(a.agent), cell(a.version), cell(a.runs), cell(rate(a.goal_consistency)),
           cell(rate(a.error_recovery)), cell(rate(a.self_reflection)),
           ...CASES.map((c) => cell(a.stress[c] ? a.stress[c].passed + "/" + a.stress[c].runs : "–")))));
+      const nodes = data.agents.flatMap((a) => Object.entries(a.nodes || {}).map(([node, n]) =>
+        el("tr", { "data-agent": a.agent, "data-version": a.version, "data-node": node }, cell(a.agent), cell(a.version),
+          cell(node), cell(n.calls), cell(n.tool_calls), cell(Math.round(n.latency_ms) + " ms"))));
+      const nodeHead = ["agent", "version", "node", "model calls", "asked for tools", "mean latency"];
+      $("nodes").replaceChildren(el("tr", {}, ...nodeHead.map((h) => el("th", { text: h }))), ...nodes);
+      $("nodes-panel").hidden = nodes.length === 0;
       $("status").className = "muted";
       $("status").textContent = "updated " + new Date().toLocaleTimeString();
     } catch (err) {

@@ -72,6 +72,12 @@ def test_each_step_names_the_node_that_made_it_when_the_graph_opts_in(
     assert ended.status_code == 200, ended.text
     [event] = [decode(f) for _, f in redis_client.xrange(STREAM_TRAJECTORIES)]
     assert [s.node for s in event.model_steps] == nodes
+    # the report card counts each node's calls (none when the graph did not say)
+    [card] = api.http.get("/v1/report-card").json()["agents"]
+    assert card["agent"] == "graph-bot" and card["runs"] == 1
+    said = {n: (c["calls"], c["tool_calls"]) for n, c in card["nodes"].items()}
+    assert said == ({"plan": (1, 0), "write": (1, 0)} if opted_in else {})
+    assert all(c["latency_ms"] > 0 for c in card["nodes"].values())
 
 
 def test_a_node_header_that_is_not_a_plain_name_is_a_400(start_api, llm):

@@ -176,6 +176,22 @@ def test_versions_and_cards_stay_bounded_by_the_most_recent(redis_client):
     assert len(card) == traffic.MAX_CARDS and {c["version"] for c in card} >= {f"v{n - 1}"}
 
 
+def test_a_cards_graph_nodes_stay_bounded_whatever_names_clients_send(redis_client):
+    """Node names come from clients (`X-Arloop-Node`): a card names `MAX_NODES` of them and
+    counts the rest together, so no client grows the tally without end."""
+    n = traffic.MAX_NODES + 10
+    for i in range(n):
+        t = trajectory("u_aaaa")
+        t.steps[0] = t.steps[0].model_copy(update={"node": f"node{i}"})
+        redis_client.xadd(STREAM_TRAJECTORIES, encode(t))
+    tally = Tally()
+    tally.refresh(redis_client)
+    [card] = tally.report_card()
+    nodes = card["nodes"]
+    assert len(nodes) == traffic.MAX_NODES + 1 and nodes[traffic.OTHER_NODES]["calls"] == 10
+    assert sum(c["calls"] for c in nodes.values()) == n and nodes["node0"]["calls"] == 1
+
+
 def test_one_poll_holds_a_batch_not_all_it_reads(redis_client):
     """2,000 runs of 4 KB since the last poll: read 100 at a time (1,000 before: 10x the peak)."""
     for _ in range(2000):
