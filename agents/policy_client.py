@@ -148,6 +148,7 @@ class PolicyClient:
         self.config = config
         self._endpoints = config.endpoints()
         self._routers: dict[tuple[str | None, str], Any] = {}
+        self._sdk: Any = None  # the OpenAI SDK's client of arloop's own server (`respond`)
 
     def model_for(self, arm: str | None) -> str:
         """The model string for a version arm (`champion`, `candidate`) or the plain model;
@@ -204,12 +205,44 @@ class PolicyClient:
         endpoint gives them, whatever the request says. With `stream` an async iterator of
         chunks. PolicyError as `complete`; parameters are never dropped silently."""
         kwargs, extra = Generation().request(self.config)
+        if self._passes_through() and not request.get("stream"):
+            async with self._errors():
+                return await self._pass_through(arm, kwargs | request, extra)
         call, kwargs = self._call(arm, kwargs | request, extra)
         kwargs.pop("drop_params", None)  # another provider refuses what it cannot take
         if not request.get("stream"):
             async with self._errors():
                 return await call(**kwargs)
         return self._chunks(call, kwargs)
+
+    def _passes_through(self) -> bool:
+        """Whether a client's request goes to the endpoint as it is, with the OpenAI SDK:
+        arloop's own policy server alone (it speaks OpenAI's wire and names versions), no
+        fallbacks to route over. litellm's translation is for other providers, and cost a
+        call 60 % of the agent API's own CPU here (`bench/bench_chat_endpoint.py`)."""
+        return self.config.kind == "arloop" and not self.config.fallbacks
+
+    async def _pass_through(
+        self, arm: str | None, body: dict[str, Any], extra: dict[str, Any]
+    ) -> Any:
+        """The request sent on with the version's name and the token ids and logprobs asked
+        for, as litellm sends it; an `openai` ChatCompletion (the server's extra fields kept:
+        `prompt_token_ids`, each choice's `token_ids`, `engine`)."""
+        from openai import AsyncOpenAI
+        from openai.types.chat import ChatCompletion
+
+        cfg = self.config
+        if self._sdk is None:
+            self._sdk = AsyncOpenAI(
+                base_url=cfg.api_base,
+                api_key=cfg.api_key or "none",
+                timeout=cfg.timeout_s,
+                max_retries=cfg.retries,
+            )
+        asks = _token_params(cfg.kind)
+        sent = body | {"model": self.model_for(arm).split("/", 1)[-1], "logprobs": True}
+        sent |= asks["extra_body"] | extra
+        return await self._sdk.post("/chat/completions", body=sent, cast_to=ChatCompletion)
 
     async def _chunks(self, call: Any, kwargs: dict[str, Any]) -> AsyncIterator[Any]:
         async with self._errors():
@@ -301,10 +334,12 @@ class PolicyClient:
     @asynccontextmanager
     async def _errors(self) -> AsyncIterator[None]:
         """Any failure of the upstream call, streamed or not, as a PolicyError."""
+        from openai import APITimeoutError
+
         litellm = _litellm()
         try:
             yield
-        except litellm.Timeout as exc:
+        except (litellm.Timeout, APITimeoutError) as exc:
             timeout = self.config.timeout_s
             raise PolicyError(504, f"policy endpoint timed out after {timeout:g} s") from exc
         except Exception as exc:  # any failure of the upstream call is a bad gateway for us

@@ -110,6 +110,7 @@ def policy_env(opts: argparse.Namespace, work: Path, redis_url: str, port: int) 
     }
     if opts.model == "tiny":  # built in a second; smollm2 comes from the usual cache
         env["ARLOOP_MODEL_CACHE"] = str(work / "models")
+        env["ARLOOP_TOOL_FORMAT"] = "line"  # the served pack's agents fit its 512 tokens
     return env
 
 
@@ -123,6 +124,8 @@ def agent_api_env(opts: argparse.Namespace, redis_url: str, policy: str, port: i
         "ARLOOP_API_KEYS": f'["{API_KEY}"]',
         "ARLOOP_SECRET_KEY": SECRET,
         "ARLOOP_PACKS": '["tutoring"]',
+        "ARLOOP_POLICY_MAX_TOKENS": "64",  # its agents' calls fit the tiny model (the bench's
+        # own body says max_tokens, so this changes nothing it times)
         "ARLOOP_SCRUB_PHI": str(opts.scrub).lower(),
         "ARLOOP_RUN_RATE_PER_MINUTE": "1000000",  # the bench's calls are not a user's
         "ARLOOP_KEY_RATE_PER_MINUTE": "1000000",

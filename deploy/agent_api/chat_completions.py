@@ -354,9 +354,12 @@ def _upstream(exc: BaseException) -> BaseException:
     does not have) passed on with its status; a failure of the endpoint stays a 502/504."""
     if not isinstance(exc, PolicyError):
         return exc
-    status = getattr(exc.__cause__, "status_code", None)
+    cause = exc.__cause__
+    status = getattr(cause, "status_code", None)
     if status in (400, 403, 404, 422):
-        message = str(exc.__cause__).split(" - ", 1)[-1][:500]
+        body = getattr(cause, "body", None)  # the OpenAI SDK's: the server's `error` object
+        said = body.get("message") if isinstance(body, dict) else None
+        message = (said or str(cause).split(" - ", 1)[-1])[:500]  # litellm's: "... - <text>"
         return OpenAIError(400 if status == 422 else status, f"the policy refused: {message}")
     return exc
 

@@ -432,7 +432,17 @@ def test_the_policys_own_refusal_is_a_400_and_the_run_goes_on(start_api, llm):
     client = sdk(start_api(), run="refused")
     with pytest.raises(openai.BadRequestError) as refused:
         ask(client)
-    assert "the policy refused" in refused.value.message
+    assert refused.value.body["message"] == "the policy refused: scripted failure"
+    headers, answer = ask(client)
+    assert answer.choices[0].message.content == "fine"
+
+
+def test_a_policy_that_does_not_answer_in_time_is_a_504_and_the_run_goes_on(start_api, llm):
+    llm.push(Reply(content="late", delay_s=3.0), Reply(content="fine"))
+    client = sdk(start_api(policy_timeout_s=1.0), run="slow")
+    with pytest.raises(openai.APIStatusError) as late:
+        ask(client)
+    assert late.value.status_code == 504 and "timed out after 1 s" in late.value.message
     headers, answer = ask(client)
     assert answer.choices[0].message.content == "fine"
 
