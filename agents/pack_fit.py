@@ -103,6 +103,11 @@ def _problem(spec: AgentSpec, config: PolicyConfig, response: httpx.Response) ->
             "shorten the agent's system prompt and worked examples, or serve a model with a "
             "longer context (ARLOOP_CONTEXT_LENGTH on the policy server, up to the model's own)"
         )
+        if spec.tools:  # the hermes format writes each tool's JSON schema into the prompt
+            fix = (
+                "its tools' descriptions count: ARLOOP_TOOL_FORMAT=line on the policy server "
+                "and the learner writes one line a tool; else " + fix
+            )
     elif str(param).startswith(("tools", "messages")):
         fix = (
             "the model's chat template cannot write this call: set ARLOOP_TOOL_FORMAT=line on "

@@ -19,6 +19,7 @@ from agents.runtime import AgentSpec
 from deploy.embedded_redis import free_port
 from tests.deploy.policy_server.support import running_server, tiny_settings
 from tests.deploy.test_first_hour import arloop, lines
+from tools.calculator import Calculator
 
 KEY = "agents-key-0123456789abcdef"
 SENTENCE = "Answer the question and be kind. "  # 22 of the tiny model's tokens
@@ -107,6 +108,11 @@ def test_each_agent_that_does_not_fit_is_one_line_with_its_fix(server):
     assert too_many.startswith("agent 'greedy': ") and "max_tokens is 500" in too_many
     assert "lower the agent's Generation.max_tokens" in too_many
     assert check_fit([short], config(server)).problems == []
+    tooled = AgentSpec(name="tooled", description="d", system_prompt=LONG, tools=(Calculator(),))
+    [with_tools] = check_fit([tooled], config(server)).problems
+    assert (
+        "its tools' descriptions count: ARLOOP_TOOL_FORMAT=line on the policy server" in with_tools
+    )
 
 
 def test_a_refused_key_and_a_server_not_up_yet(server):
