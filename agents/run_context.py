@@ -92,8 +92,8 @@ class RunContext:
     async def decide(self, question: str, reply: str) -> str | None:
         """The final reply with the version's head's label in it (`agents.decisions`), or None
         when there is no decision to make, no head answers, or the reply takes no label."""
-        if self.decision is None:
-            return None
+        if self.decision is None or self.decision.apply(reply, self.decision.labels[0]) is None:
+            return None  # no decision, or a reply that takes no label (a follow-up question)
         decided = await self.policy.head(self.decision.name, question, arm=self.arm)
         if decided is None or decided.label not in self.decision.labels:
             return None

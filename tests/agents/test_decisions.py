@@ -110,6 +110,15 @@ async def test_a_retry_asks_the_head_about_the_patients_message_not_the_retry_no
     assert {r["input"] for r in llm.head_requests} == {SORE}
 
 
+async def test_a_reply_that_asks_is_not_sent_to_the_head(aredis, llm):
+    """A follow-up question takes no level: the head is not asked (a call saved per turn)."""
+    llm.heads["level"] = lambda request: "see a doctor"
+    llm.responder = lambda request: Reply(content="How old is your baby?")
+    event = await runtime(aredis, llm).run("triage", "my baby has a fever", "u1")
+    assert event.output == "How old is your baby?", "precondition: the model asked"
+    assert llm.head_requests == [] and "arloop.decision.level" not in event.metadata
+
+
 async def test_a_reply_to_a_follow_up_question_is_decided_and_recorded_with_its_case(aredis, llm):
     """The reply ("3 weeks") is not the case: the head reads the message it answers joined to
     it, and the trajectory keeps that case (`TrajectoryEvent.case`), which the learner fits
