@@ -62,7 +62,8 @@ def check_fit(specs: list[AgentSpec], config: PolicyConfig) -> Fit:
             except httpx.HTTPError as exc:
                 return Fit(problems, _unchecked(url, type(exc).__name__))
             if response.status_code in (404, 405) and _route_missing(response):
-                return Fit(problems, _unchecked(url, "no /tokenize: not arloop's policy server"))
+                log.info("%s has no /tokenize (not arloop's policy server): not checked", url)
+                return Fit(problems)  # nothing to ask, now or later
             if response.status_code >= 500:
                 return Fit(problems, _unchecked(url, f"it answered {response.status_code}"))
             if response.status_code != 200:

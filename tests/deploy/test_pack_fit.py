@@ -125,6 +125,14 @@ def test_a_refused_key_and_a_server_not_up_yet(server):
     assert check_fit([spec], other) == check_fit([], other)  # another endpoint is not asked
 
 
+def test_an_endpoint_without_tokenize_is_not_asked_again(llm):
+    """An OpenAI-compatible server named like arloop's that has no `/tokenize` (the scripted
+    one here): nothing to check, now or later, so nothing is polled."""
+    spec = AgentSpec(name="short", description="d", system_prompt="Be brief.")
+    fit = check_fit([spec], config(llm.base_url))
+    assert fit == check_fit([], config(llm.base_url)) and fit.unchecked == ""
+
+
 def test_arloop_serve_agents_refuses_a_pack_that_does_not_fit_one_line_per_agent(server, tmp_path):
     (tmp_path / "my_pack.py").write_text(PACK)
     result = arloop(
