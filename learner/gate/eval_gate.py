@@ -259,7 +259,7 @@ def on_guards(
             "feedback against the champion's, rolled back when worse)"
         )
     else:
-        reason = _reason_without_test(guards, failed)
+        reason = "rejected: " + "; ".join(_failures(guards, failed))
     return GateReport(
         version=version,
         champion=champion,
@@ -282,17 +282,18 @@ def _held_out_na(g: GuardResult) -> GuardResult:
     )
 
 
-def _reason_without_test(guards: Sequence[GuardResult], failed: Sequence[str]) -> str:
+def _failures(guards: Sequence[GuardResult], failed: Sequence[str]) -> list[str]:
+    """What each failed guard, and the off-policy check, said (the held-out test aside)."""
     parts = []
     for name in failed:
         if name == OPE_CHECK:
             parts.append(
                 "off-policy estimate on logged traffic is confidently below the logged mean"
             )
-        else:
+        elif name != EVAL_TEST:
             g = next(g for g in guards if g.name == name)
             parts.append(f"{name} {_fig(g.figure)} outside {g.threshold} ({g.detail})")
-    return "rejected: " + "; ".join(parts)
+    return parts
 
 
 def sequential_summary(test: SequentialResult, config: GateConfig) -> dict[str, Any]:
@@ -364,16 +365,15 @@ def _reason(
             f"(z {look.z_not_worse:.2f} >= {look.bound_not_worse:.2f}) and every guard holds"
             + better
         )
-    others = _reason_without_test(guards, [f for f in failed if f != EVAL_TEST])
-    if EVAL_TEST not in failed:
-        return others
-    test_part = (
-        f"not shown to be within {test.margin:g} of the champion on {look.tasks} "
-        f"held-out tasks: {look.mean:+.3f} (z {look.z_not_worse:.2f} < "
-        f"{look.bound_not_worse:.2f})"
-    )
-    rest = others.removeprefix("rejected: ")
-    return "rejected: " + "; ".join([test_part] + ([rest] if rest else []))
+    parts = _failures(guards, failed)
+    if EVAL_TEST in failed:  # always named first
+        parts.insert(
+            0,
+            f"not shown to be within {test.margin:g} of the champion on {look.tasks} "
+            f"held-out tasks: {look.mean:+.3f} (z {look.z_not_worse:.2f} < "
+            f"{look.bound_not_worse:.2f})",
+        )
+    return "rejected: " + "; ".join(parts)
 
 
 def _sequential_lines(suite: str, s: dict[str, Any]) -> list[str]:
