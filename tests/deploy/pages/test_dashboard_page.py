@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 from collections import Counter
 from dataclasses import replace
@@ -182,7 +183,10 @@ def test_every_figure_on_the_dashboard_is_the_apis_after_a_real_round(
         assert shown["canary"].endswith("not checked yet: no learner is running to decide it")
         # the learner's state, said plainly: the demo's learner has stopped (its lease is gone)
         assert data["learner_state"]["state"] == shown["state"] == "stopped"
-        assert shown["learner"] == data["learner_state"]["line"]
+        # the page and the API read the clock at different moments: "report 118 s ago" and
+        # "119 s ago" are the same line (a flake seen once in make test)
+        ages = lambda line: re.sub(r"\d+ s ago", "N s ago", line)  # noqa: E731
+        assert ages(shown["learner"]) == ages(data["learner_state"]["line"])
         assert shown["learner"].startswith("Learner stopped")
         # every chart: the API's points, and no line joins two versions
         assert shown["lines"] == 0
@@ -258,7 +262,10 @@ def test_every_figure_on_the_dashboard_is_the_apis_after_a_real_round(
             == data["learner_state"]["state"]
             == ("lagging" if oldest > LAGGING_AFTER_S else "running")
         )
-        assert shown["learner"] == data["learner_state"]["line"]
+        # the page and the API read the clock at different moments: "report 118 s ago" and
+        # "119 s ago" are the same line (a flake seen once in make test)
+        ages = lambda line: re.sub(r"\d+ s ago", "N s ago", line)  # noqa: E731
+        assert ages(shown["learner"]) == ages(data["learner_state"]["line"])
         assert "learner-1@test" in shown["learner"]
         assert shown["canary"].endswith("not checked yet: waiting for the learner's check")
         page.screenshot(path=str(tmp_path / "dashboard-canary.png"), full_page=True)
