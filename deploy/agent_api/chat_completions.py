@@ -164,13 +164,35 @@ async def end_run(
     trajectory_id: str = Path(pattern=r"^traj_[0-9a-f]{32}$"),
 ) -> RunEnded:
     """Record a run's final answer and close it; it is then written for the learner."""
-    services = caller.services
-    runs: ExternalRuns = services.runs  # type: ignore[assignment]
+    runs: ExternalRuns = caller.services.runs  # type: ignore[assignment]
+    return await _end(caller, runs, trajectory_id, body.output)
+
+
+@router.post(
+    "/v1/runs/end",
+    response_model=RunEnded,
+    responses=errors(401, 403, 404, 409, 413, 422, 500, 503),
+)
+async def end_named_run(body: RunEnd, request: Request, caller: CallerDep) -> RunEnded:
+    """The same for the run named by the `X-Arloop-Run` header its calls carried, for a
+    service that keeps its own run id rather than the `X-Arloop-Trajectory` it was sent."""
+    runs: ExternalRuns = caller.services.runs  # type: ignore[assignment]
     try:
-        event = await runs.end(trajectory_id, caller.key.name, body.output)
+        run_id = _header(request, RUN_HEADER, RUN_ID)
+        if run_id is None:
+            raise OpenAIError(422, f"name the run to end in the {RUN_HEADER} header")
+        trajectory_id = await runs.trajectory_of(caller.key.tenant, run_id)
+    except OpenAIError as exc:
+        raise ArloopError(exc.status, exc.reason) from None
+    return await _end(caller, runs, trajectory_id, body.output)
+
+
+async def _end(caller: Caller, runs: ExternalRuns, trajectory_id: str, output: str) -> RunEnded:
+    try:
+        event = await runs.end(trajectory_id, caller.key.name, output)
     except OpenAIError as exc:  # this route answers as the agent API's own do
         raise ArloopError(exc.status, exc.reason) from None
-    settings = services.settings
+    settings = caller.services.settings
     token = issue(
         settings.secret_key,
         event.trajectory_id,

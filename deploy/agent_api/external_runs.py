@@ -175,9 +175,10 @@ class ExternalRuns:
         409 a closed run or another agent."""
         trajectory_id = new_id("traj")
         if run_id is not None:
-            key = f"{PREFIX}:run:{tenant}:{run_id}"
             trajectory_id = as_text(
-                await self._run_id(keys=[key], args=[trajectory_id, self.ttl_s])
+                await self._run_id(
+                    keys=[_run_key(tenant, run_id)], args=[trajectory_id, self.ttl_s]
+                )
             )
         has_candidate = self.canary_share > 0 and await self.client.hexists(
             POLICY_ALIASES, CANDIDATE
@@ -242,6 +243,19 @@ class ExternalRuns:
             await self.sink.write(event)
             written.append(event)
         return written
+
+    async def trajectory_of(self, tenant: str, run_id: str) -> str:
+        """The trajectory id of the run a client named `run_id` (its `X-Arloop-Run`), 404 if
+        this tenant has no such run."""
+        found = await self.client.get(_run_key(tenant, run_id))
+        if found is None:
+            raise OpenAIError(
+                404,
+                f"no run {run_id!r} here: name a run in X-Arloop-Run on its calls first",
+                param="X-Arloop-Run",
+                code="run_not_found",
+            )
+        return as_text(found)
 
     async def end(self, trajectory_id: str, credential: str, output: str) -> TrajectoryEvent:
         """Close a run with its final answer (404 unknown, 403 another key's, 409 closed or a
@@ -343,6 +357,11 @@ async def close_idle_runs(runs: ExternalRuns) -> None:
             await runs.close_idle()
         except Exception as exc:  # noqa: BLE001 -- Redis down: the next sweep tries again
             log.warning("could not close idle runs: %s: %s", type(exc).__name__, exc)
+
+
+def _run_key(tenant: str, run_id: str) -> str:
+    """A client's run id -> its trajectory id, per tenant."""
+    return f"{PREFIX}:run:{tenant}:{run_id}"
 
 
 def _record(trajectory_id: str) -> str:

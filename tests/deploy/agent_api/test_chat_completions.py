@@ -301,6 +301,29 @@ def test_an_ended_run_is_409(start_api, llm):
     assert end(api, headers["X-Arloop-Trajectory"], "ok", key=OTHER_KEY).status_code == 401
 
 
+def test_a_run_is_ended_by_the_run_id_its_calls_named(start_api, llm, redis_client):
+    llm.responder = lambda request: Reply(content="ok")
+    api = start_api(api_keys=[API_KEY, OTHER_KEY])
+    headers, _ = ask(sdk(api, run="job-7"))
+
+    def end_named(run: str | None, key: str = API_KEY) -> httpx.Response:
+        named = {"X-Arloop-Run": run} if run is not None else {}
+        auth = {"Authorization": f"Bearer {key}"}
+        return api.http.post("/v1/runs/end", json={"output": "ok"}, headers=auth | named)
+
+    assert end_named("job-7", key=OTHER_KEY).status_code == 403  # the run is API_KEY's
+    assert end_named("job-8").status_code == 404 and "job-8" in end_named("job-8").json()["detail"]
+    missing = end_named(None)
+    assert missing.status_code == 422 and "X-Arloop-Run" in missing.json()["detail"]
+    assert end_named("bad id").status_code == 400
+    ended = end_named("job-7")
+    assert ended.status_code == 200, ended.text
+    assert ended.json()["trajectory_id"] == headers["X-Arloop-Trajectory"]
+    [event] = trajectories(redis_client)
+    assert (event.trajectory_id, event.output) == (headers["X-Arloop-Trajectory"], "ok")
+    assert end_named("job-7").status_code == 409  # ended once
+
+
 def test_a_dropped_stream_logs_the_run_as_cancelled(start_api, llm, redis_client):
     llm.push(Reply(content="one two three four five six seven eight", chunk_delay_s=0.3))
     api = start_api()
