@@ -107,14 +107,21 @@ def scrub_trajectory(event: TrajectoryEvent, scrub: Scrub) -> TrajectoryEvent:
     )
 
 
-def scrub_model_step(step: ModelStep, scrub: Scrub) -> ModelStep:
+def scrub_model_step(step: ModelStep, scrub: Scrub, *, prompt: bool = True) -> ModelStep:
     """One model step scrubbed as `scrub_trajectory` scrubs it (for a step kept in Redis
-    before its run is written: the agent API's calls from other agents)."""
-    return _model_step(step, scrub)
+    before its run is written: the agent API's calls from other agents); `prompt=False`: its
+    messages were scrubbed before the model read them (`scrub_messages`), only its answer is."""
+    return _model_step(step, scrub, prompt=prompt)
 
 
-def _model_step(step: ModelStep, s: Scrub) -> ModelStep:
-    messages = [_message(m, s) for m in step.messages]
+def scrub_messages(messages: list[dict[str, Any]], scrub: Scrub) -> list[dict[str, Any]]:
+    """OpenAI chat messages with their text and tool-call arguments scrubbed (what a model is
+    sent when PHI must not reach it)."""
+    return [_message(m, scrub) for m in messages]
+
+
+def _model_step(step: ModelStep, s: Scrub, *, prompt: bool = True) -> ModelStep:
+    messages = [_message(m, s) for m in step.messages] if prompt else step.messages
     output = s(step.output) if step.output else step.output
     calls = [c.model_copy(update={"arguments": s(c.arguments)}) for c in step.tool_calls]
     update: dict[str, Any] = {"messages": messages, "output": output, "tool_calls": calls}

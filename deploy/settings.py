@@ -352,6 +352,13 @@ class AgentApiSettings(PolicyEndpointSettings):
     """A run of `/v1/chat/completions` calls (one `X-Arloop-Run`) that is not ended with
     `POST /v1/runs/{trajectory_id}/end` is closed and logged this long after its last call
     (its output: the last call's answer)."""
+    chat_scrub_prompts: bool = True
+    """With ARLOOP_SCRUB_PHI: a `/v1/chat/completions` call's messages are scrubbed before the
+    policy reads them, as the built-in packs scrub a user's message (`input_filter`): the
+    model never reads a name or a phone number, and the stored prompt's token ids are those of
+    its scrubbed text, so the run is trained on. Off: the policy reads the messages as sent,
+    and a run whose prompt held PHI is kept as text only (its token ids no longer match what
+    is stored), never trained on."""
     chat_tokens_per_minute: int = Field(200_000, ge=1)
     """Completion tokens one API key may ask for a minute on `/v1/chat/completions` (`n` times
     `max_tokens`, else ARLOOP_POLICY_MAX_TOKENS, reserved when a call starts), all its users

@@ -104,6 +104,7 @@ async def chat_completions(
     metadata = {CREDENTIAL: key.name}
     call = await runs.begin(run_id, key.tenant, key.name, user or "", agent, metadata)
     bind(trace=call.trajectory_id)
+    body.send_messages(await runs.prompt_of(body.messages_sent()))
     if body.stream:
         return await _streamed(caller, policy, body, call, pinned or call.arm, node)
     start = time.perf_counter()

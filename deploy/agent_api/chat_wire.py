@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any
 
-from pydantic import BeforeValidator, Field, StringConstraints
+from pydantic import BeforeValidator, Field, PrivateAttr, StringConstraints
 
 from agents.openai_requests import ChatRequestBase
 from agents.openai_requests import ErrorBody as ErrorBody  # re-exported: the routes' errors
@@ -67,6 +67,11 @@ class ChatCompletionRequest(ChatRequestBase):
     stream: bool | None = None
     user: str | None = Field(None, pattern=USER)
     """The end user (else `X-Arloop-User`, else the API key): bound by the key's identity."""
+    _sent: list[dict[str, Any]] | None = PrivateAttr(None)
+
+    def send_messages(self, messages: list[dict[str, Any]] | None) -> None:
+        """Send the policy (and record) `messages` instead of the client's (scrubbed ones)."""
+        self._sent = messages
 
     @property
     def pinned(self) -> str | None:
@@ -99,6 +104,8 @@ class ChatCompletionRequest(ChatRequestBase):
         return out
 
     def messages_sent(self) -> list[dict[str, Any]]:
+        if self._sent is not None:
+            return self._sent
         return [m.model_dump(exclude_none=True) for m in self.messages]
 
     def tools_sent(self) -> list[dict[str, Any]]:

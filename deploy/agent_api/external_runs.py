@@ -21,6 +21,7 @@ import random
 import time
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 import redis.asyncio as aioredis
 
@@ -33,7 +34,7 @@ from agents.events import (
     new_id,
 )
 from agents.threads import CANDIDATE
-from agents.trajectory_sink import Scrub, TrajectorySink, scrub_model_step
+from agents.trajectory_sink import Scrub, TrajectorySink, scrub_messages, scrub_model_step
 from deploy.agent_api.chat_wire import OpenAIError
 from deploy.agent_api.metrics import ApiMetrics
 
@@ -147,8 +148,12 @@ class ExternalRuns:
         lock_s: float,
         max_entries: int | None = None,
         rng: random.Random | None = None,
+        scrub_prompts: bool = False,
     ) -> None:
         self.client, self.metrics, self.scrub = client, metrics, scrub
+        self.scrub_prompts = scrub_prompts and scrub is not None
+        """Calls' messages are scrubbed before the policy reads them (`prompt_of`), so a
+        stored prompt's token ids stay its text's: the run trains like our own agents'."""
         self.idle_s, self.canary_share, self.lock_s = idle_s, canary_share, lock_s
         self.rng = rng or random.Random()
         self.sink = TrajectorySink(client, None, max_entries=max_entries)  # steps come scrubbed
@@ -200,7 +205,7 @@ class ExternalRuns:
         data = ""
         if step is not None:
             if self.scrub is not None:  # CPU-heavy (presidio): off the event loop
-                step = await asyncio.to_thread(scrub_model_step, step, self.scrub)
+                step = await asyncio.to_thread(self._scrubbed, step)
             data = step.model_dump_json()
         keys = [_record(call.trajectory_id), _steps(call.trajectory_id)]
         now = time.time()
@@ -216,7 +221,7 @@ class ExternalRuns:
         now, written = time.time(), []
         for choice, step in sorted(steps.items()):
             if self.scrub is not None:
-                step = await asyncio.to_thread(scrub_model_step, step, self.scrub)
+                step = await asyncio.to_thread(self._scrubbed, step)
             step = step.model_copy(update={"index": 0})
             metadata = json.loads(meta) | {
                 "arloop.source": "chat_completions",
@@ -243,6 +248,18 @@ class ExternalRuns:
             await self.sink.write(event)
             written.append(event)
         return written
+
+    async def prompt_of(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+        """A call's messages as the policy is to read them: scrubbed of PHI when
+        `scrub_prompts` (off the event loop), else None (sent as the client wrote them)."""
+        if not self.scrub_prompts:
+            return None
+        assert self.scrub is not None
+        return await asyncio.to_thread(scrub_messages, messages, self.scrub)
+
+    def _scrubbed(self, step: ModelStep) -> ModelStep:
+        assert self.scrub is not None
+        return scrub_model_step(step, self.scrub, prompt=not self.scrub_prompts)
 
     async def trajectory_of(self, tenant: str, run_id: str) -> str:
         """The trajectory id of the run a client named `run_id` (its `X-Arloop-Run`), 404 if

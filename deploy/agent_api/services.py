@@ -95,6 +95,7 @@ def open_services(
         lock_s=settings.thread_lock_s,
         max_entries=settings.stream_max_entries,
         rng=rng,
+        scrub_prompts=settings.chat_scrub_prompts,
     )
     reader = settings.redis_client(redis_url, **timeouts)
     return Services(

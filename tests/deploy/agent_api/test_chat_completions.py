@@ -411,6 +411,29 @@ def test_phi_is_scrubbed_before_the_run_reaches_redis(start_api, llm, redis_clie
     assert b"Alice" not in fields[b"data"] and b"<PERSON>" in fields[b"data"]
 
 
+@pytest.mark.parametrize("before_the_model", [True, False])
+def test_a_prompt_with_phi_is_scrubbed_before_the_model_so_its_run_trains(
+    start_api, llm, redis_client, before_the_model
+):
+    llm.push(Reply(content="Rest well."))
+    api = start_api(
+        scrubber=lambda t: t.replace("Alice", "<PERSON>"), chat_scrub_prompts=before_the_model
+    )
+    headers, _ = ask(sdk(api, run="phi"), text="I am Alice and I cough.")
+    assert end(api, headers["X-Arloop-Trajectory"], "Rest well.").status_code == 200
+    [event] = trajectories(redis_client)
+    [step] = event.model_steps
+    sent = llm.requests[0]["messages"][0]["content"]
+    assert step.messages[0]["content"] == "I am <PERSON> and I cough."  # stored scrubbed, always
+    if before_the_model:  # the model read what is stored: its token ids are the prompt's
+        assert sent == "I am <PERSON> and I cough."
+        assert step.prompt_token_ids == llm.responses[0]["prompt_token_ids"]
+        assert "arloop.text_only" not in event.metadata
+    else:  # the model read the name: the stored text is not what its token ids say
+        assert sent == "I am Alice and I cough."
+        assert step.prompt_token_ids is None and event.metadata["arloop.text_only"] == "true"
+
+
 def _values(client, key) -> list[bytes]:
     kind = client.type(key)
     if kind == b"hash":
