@@ -26,6 +26,12 @@ disposition a clinician later assigned arrives: an `outcome` (1 when the level t
 was the one assigned) and, when it was not, a `correction` naming the level (after a
 follow-up question the rules would have asked, the question). No rating, no self-reported
 outcome.
+
+A team's own agent (a pack with `run` and no `AgentSpec`: the LangGraph and OpenAI-SDK tutors
+of `tests/examples/`) is visited as the team's service would serve it: the user's problem goes
+to the team's `run`, pointed at the agent API's `/v1/chat/completions` with the user's own
+`X-Arloop-Run`; the service then ends the run (`POST /v1/runs/end`, its answer), and the
+user's feedback goes with the token that returns.
 """
 
 from __future__ import annotations
@@ -187,6 +193,28 @@ class AgentClient:
         r.raise_for_status()
         return r.json()
 
+    async def team_run(self, pack: Pack, task: Task, user_id: str, run_id: str) -> dict[str, Any]:
+        """One run of a team's own agent (`pack.run`, in a thread: a team's code may block)
+        through the agent API's chat endpoint, then ended by its run id: the same fields as
+        `run` answers (output, trajectory_id, feedback_token, policy_version, tools)."""
+        assert pack.run is not None
+        named = {"X-Arloop-Run": run_id}
+        headers = {
+            "Authorization": self.http.headers["Authorization"],
+            "X-Arloop-Agent": pack.name,
+            "X-Arloop-User": user_id,
+            **named,
+        }
+        base = f"{str(self.http.base_url).rstrip('/')}/v1"
+        answer = await asyncio.to_thread(pack.run, task, base, "arloop", headers)
+        r = await self.http.post("/v1/runs/end", json={"output": answer}, headers=named)
+        r.raise_for_status()
+        ended = r.json()
+        r = await self.http.get(f"/v1/runs/{ended['trajectory_id']}")
+        r.raise_for_status()
+        calls = [c["name"] for s in r.json()["steps"] for c in s.get("tool_calls", [])]
+        return ended | {"output": answer, "tools": calls}
+
     async def feedback(self, run: dict[str, Any], body: dict[str, Any]) -> None:
         r = await self.http.post(
             "/v1/feedback",
@@ -214,8 +242,11 @@ async def visit(
 ) -> Visit:
     """One user: ask, read, judge, wait, send feedback; `cohort` tags the run's metadata (user
     ids are stored as pseudonyms: the tag is what tells a round's runs apart in Redis)."""
-    tags = {"metadata": {"cohort": cohort}} if cohort else {}
-    run = await client.run(task.agent, task.input, user_id, **tags)
+    if pack.run is not None:  # a team's own agent, served by the team's code
+        run = await client.team_run(pack, task, user_id, f"{cohort or 'run'}-{user_id}")
+    else:
+        tags = {"metadata": {"cohort": cohort}} if cohort else {}
+        run = await client.run(task.agent, task.input, user_id, **tags)
     v = judge(pack, task, run["output"], run.get("tools", []), b.max_words)
     bodies = feedback_for(v, task, b, rng, silent)
     out = Visit(
