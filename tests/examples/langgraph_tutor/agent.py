@@ -7,18 +7,21 @@ from __future__ import annotations
 
 from typing import Annotated, TypedDict
 
-from langchain_core.messages import AIMessage, AnyMessage, SystemMessage, ToolMessage
+from langchain_core.messages import (
+    AIMessage,
+    AnyMessage,
+    SystemMessage,
+    ToolMessage,
+    convert_to_messages,
+)
 from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
 
 from tests.examples.calculator import calculate
+from tests.examples.prompt import EXAMPLE, SYSTEM
 
-SYSTEM = (
-    "You are a maths tutor. Solve the student's problem. Use the calculator tool for "
-    "arithmetic. When you know the answer, end with a line '#### <number>'."
-)
 MAX_CALLS = 3
 
 
@@ -40,7 +43,8 @@ def build(model: ChatOpenAI):
     llm = model.bind_tools([calculator])
 
     def read(state: State) -> dict:
-        return {"messages": [SystemMessage(SYSTEM), ("user", state["question"])], "calls": 0}
+        shown = [SystemMessage(SYSTEM), *convert_to_messages(EXAMPLE)]
+        return {"messages": [*shown, ("user", state["question"])], "calls": 0}
 
     def think(state: State) -> dict:
         return {"messages": [llm.invoke(state["messages"])], "calls": state["calls"] + 1}
@@ -81,7 +85,7 @@ def build(model: ChatOpenAI):
 def solve(model: ChatOpenAI, question: str) -> tuple[str, dict[str, str]]:
     """(the answer, the last model response's headers; `include_response_headers=True`)."""
     state = build(model).invoke({"question": question, "messages": [], "calls": 0, "answer": ""})
-    replies = [m for m in state["messages"] if isinstance(m, AIMessage)]
+    replies = [m for m in state["messages"][len(EXAMPLE) + 1 :] if isinstance(m, AIMessage)]
     headers = replies[-1].response_metadata.get("headers", {}) if replies else {}
     return str(state["answer"] or ""), dict(headers)
 

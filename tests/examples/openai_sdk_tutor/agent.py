@@ -7,11 +7,8 @@ from __future__ import annotations
 from openai import OpenAI
 
 from tests.examples.calculator import SPEC, call
+from tests.examples.prompt import EXAMPLE, SYSTEM
 
-SYSTEM = (
-    "You are a maths tutor. Solve the student's problem. Use the calculator tool for "
-    "arithmetic. When you know the answer, end with a line '#### <number>'."
-)
 MAX_CALLS = 3
 
 
@@ -19,6 +16,7 @@ def solve(client: OpenAI, question: str, model: str = "arloop") -> tuple[str, di
     """(the answer, the last response's headers): a tool loop of at most MAX_CALLS calls."""
     messages: list[dict] = [
         {"role": "system", "content": SYSTEM},
+        *EXAMPLE,
         {"role": "user", "content": question},
     ]
     for _ in range(MAX_CALLS):
