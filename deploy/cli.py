@@ -366,8 +366,10 @@ def demo(
     pack: str = typer.Option(
         "tutoring",
         "--pack",
-        help="Who visits: tutoring (students and the tutor) or medical (patients and the "
-        "triage assistant, slower: several model calls an answer).",
+        help="Who visits: tutoring (students and the tutor), medical (patients and the "
+        "triage assistant, slower: several model calls an answer), or a team's own agent's "
+        "pack as module:attr (e.g. tests.examples.langgraph_tutor.pack:pack, run from the "
+        "repository root), served through /v1/chat/completions.",
     ),
     seed: int = typer.Option(0, "--seed", help="Seeds the problems, users and feedback noise."),
     report_dir: Path = typer.Option(

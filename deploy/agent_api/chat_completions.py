@@ -102,9 +102,12 @@ async def chat_completions(
     runs: ExternalRuns = services.runs  # type: ignore[assignment]
     key = caller.key
     metadata = {CREDENTIAL: key.name}
-    call = await runs.begin(run_id, key.tenant, key.name, user or "", agent, metadata)
+    call, scrubbed = await asyncio.gather(  # the scrubber's thread beside Redis's round trips
+        runs.begin(run_id, key.tenant, key.name, user or "", agent, metadata),
+        runs.prompt_of(body.messages_sent()),
+    )
     bind(trace=call.trajectory_id)
-    body.send_messages(await runs.prompt_of(body.messages_sent()))
+    body.send_messages(scrubbed)
     if body.stream:
         return await _streamed(caller, policy, body, call, pinned or call.arm, node)
     start = time.perf_counter()
