@@ -25,8 +25,13 @@ three 600-character passages, no stop at the `Triage:` line, retries on red flag
 through the same policy server. Also printed: the policy server's CPU seconds per run (both
 cores), a figure less sensitive than wall time to what else the machine runs.
 
+`--checkpoint DIR` serves a trained version instead of the base model: a checkpoint folder a
+demo or the learner published (`<data dir>/checkpoints/vN`, with the level head it carries),
+registered as v1 and made champion before the agent API starts, so the agent's replies take
+that version's words and its head's level as users would get them.
+
     .venv/bin/python bench/bench_triage.py [--cases 6] [--probes 12|all] [--heldout 0|all]
-        [--peer 3] [--threads 1]
+        [--peer 3] [--threads 1] [--checkpoint DIR]
 """
 
 from __future__ import annotations
@@ -57,6 +62,7 @@ from agents.packs.triage_rules import rules
 from agents.policy_client import PolicyConfig
 from agents.runtime import AgentRuntime
 from deploy.demo.stack import Stack
+from learner.policy.registry import PolicyRegistry, PolicyVersion
 from tools.kb_search import KbSearch
 from tools.verifiers import LEVELS, triage_level
 
@@ -94,6 +100,7 @@ class Result:
     turns: list[float]  # seconds of each turn (a follow-up question adds one)
     asked_by: str | None  # model | rules | None: who asked the follow-up question
     fallback_level: str | None
+    head_level: str | None = None  # the served version's level head's, where it has one
 
 
 def spread(items: list, key, n: int) -> list:
@@ -190,6 +197,7 @@ def run_all(stack: Stack, chosen: list[Message], n_peer: int) -> tuple[list[Resu
                 turns,
                 asked_by,
                 t.metadata.get("arloop.fallback_level"),
+                t.metadata.get("arloop.decision.level") or None,
             )
             out.append(result)
             print(row(result), flush=True)
@@ -248,7 +256,9 @@ def row(r: Result) -> str:
     flag = "RED " if r.message.red_flag else "neg " if r.message.negated else "    "
     return (
         f"  {r.message.id:<16} {flag} want {r.message.level:<12} got {str(said):<12} "
-        f"model {str(r.model_level):<12} {r.answered_by:<9} {r.seconds:6.1f} s"
+        f"model {str(r.model_level):<12} "
+        + (f"head {r.head_level:<12} " if r.head_level else "")
+        + f"{r.answered_by:<9} {r.seconds:6.1f} s"
         + (f" asked by {r.asked_by} ({len(r.turns)} turns)" if r.asked_by else "")
         + f" (server CPU {r.server_cpu_s:5.1f} s, {r.attempts} attempt{'s' * (r.attempts > 1)})"
         + (f"  FAILED: {r.failed_checks}" if r.failed_checks else "")
@@ -281,6 +291,10 @@ def summary(results: list[Result], peer: list[float]) -> dict:
             [triage_level(r.output) == r.message.level for r in own]
         ),
         "model_level_accuracy": _share([r.model_level == r.message.level for r in results]),
+        "head_levels": sum(r.head_level is not None for r in results),
+        "head_level_accuracy": _share(
+            [r.head_level == r.message.level for r in results if r.head_level is not None]
+        ),
         "questions_asked": {k: sum(r.asked_by == k for r in results) for k in ("model", "rules")},
         "fallback_levels": {
             level: sum(r.fallback_level == level for r in results) for level in LEVELS
@@ -316,6 +330,25 @@ def _share(flags: list[bool]) -> float:
     return sum(flags) / len(flags) if flags else float("nan")
 
 
+def serve_checkpoint(redis_url: str, folder: Path) -> str:
+    """Register a published checkpoint folder as the champion of a fresh registry; its version."""
+    manifest = json.loads((folder / "manifest.json").read_text())
+    registry = PolicyRegistry(redis.Redis.from_url(redis_url))
+    base = registry.ensure_base(manifest["base_model"])
+    version = registry.next_version()
+    record = PolicyVersion(
+        version=version,
+        parent=base.version,
+        base_model=manifest["base_model"],
+        checkpoint_uri=folder.resolve().as_uri(),
+        checkpoint_kind=manifest["kind"],
+        metrics=manifest.get("metrics", {}),
+    )
+    registry.publish(record)
+    registry.promote(version, expect=base.version, reason="bench", actor="bench")
+    return version
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", type=int, default=6, help="held-out cases (spread over levels)")
@@ -338,8 +371,16 @@ def main() -> None:
         default=1,
         help="torch threads of the policy server (ARLOOP_THREADS; 1 is best on a shared CPU)",
     )
+    parser.add_argument(
+        "--checkpoint",
+        type=Path,
+        help="serve this published checkpoint folder (e.g. a demo's <data dir>/checkpoints/v2, "
+        "its level head included) as the champion instead of the base model",
+    )
     parser.add_argument("--json", type=Path, help="also write the summary here")
     opts = parser.parse_args()
+    if opts.checkpoint and not (opts.checkpoint / "manifest.json").is_file():
+        parser.error(f"--checkpoint {opts.checkpoint}: no manifest.json there (not a checkpoint)")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the stack on a kill too
     chosen = messages(opts.cases, opts.probes, opts.heldout)
     assert all(m.level in LEVELS for m in chosen)
@@ -358,6 +399,9 @@ def main() -> None:
         )
         try:
             stack.start_redis()
+            if opts.checkpoint:
+                served = serve_checkpoint(stack.redis.url, opts.checkpoint)
+                print(f"serving {opts.checkpoint} as {served}, the champion", flush=True)
             stack.env["agents"]["ARLOOP_POLICY_API_BASE"] = stack.policy_url
             stack.start(("policy", "agents"))
             print(
@@ -368,7 +412,10 @@ def main() -> None:
             results, peer = run_all(stack, chosen, opts.peer)
         finally:
             stack.stop()
-    figures = summary(results, peer) | {"load_average_1m": os.getloadavg()[0]}
+    figures = summary(results, peer) | {
+        "load_average_1m": os.getloadavg()[0],
+        "checkpoint": opts.checkpoint.name if opts.checkpoint else "base",
+    }
     print(json.dumps(figures, indent=1))
     if opts.json:
         opts.json.write_text(json.dumps(figures, indent=1))
