@@ -20,9 +20,9 @@ import asyncio
 import json
 import re
 import time
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Path, Request
+from fastapi import APIRouter, Header, Path, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -177,14 +177,22 @@ async def end_run(
     response_model=RunEnded,
     responses=errors(401, 403, 404, 409, 413, 422, 500, 503),
 )
-async def end_named_run(body: RunEnd, request: Request, caller: CallerDep) -> RunEnded:
+async def end_named_run(
+    body: RunEnd,
+    caller: CallerDep,
+    run_id: Annotated[
+        str,
+        Header(
+            alias=RUN_HEADER,
+            pattern=RUN_ID,
+            description="The run id its calls carried in X-Arloop-Run.",
+        ),
+    ],
+) -> RunEnded:
     """The same for the run named by the `X-Arloop-Run` header its calls carried, for a
     service that keeps its own run id rather than the `X-Arloop-Trajectory` it was sent."""
     runs: ExternalRuns = caller.services.runs  # type: ignore[assignment]
     try:
-        run_id = _header(request, RUN_HEADER, RUN_ID)
-        if run_id is None:
-            raise OpenAIError(422, f"name the run to end in the {RUN_HEADER} header")
         trajectory_id = await runs.trajectory_of(caller.key.tenant, run_id)
     except OpenAIError as exc:
         raise ArloopError(exc.status, exc.reason) from None

@@ -35,7 +35,7 @@ def test_agent_api_conforms_to_its_openapi_schema(start_api, llm, tmp_path):
     done = subprocess.run(command, capture_output=True, text=True, timeout=480)
     report = done.stdout + done.stderr
     assert done.returncode == 0, report[-12000:]
-    assert "Operations:       19 selected / 19 total" in report
+    assert "Operations:       20 selected / 20 total" in report
 
 
 POLICY_CONFIG = """

@@ -314,8 +314,9 @@ def test_a_run_is_ended_by_the_run_id_its_calls_named(start_api, llm, redis_clie
     assert end_named("job-7", key=OTHER_KEY).status_code == 403  # the run is API_KEY's
     assert end_named("job-8").status_code == 404 and "job-8" in end_named("job-8").json()["detail"]
     missing = end_named(None)
-    assert missing.status_code == 422 and "X-Arloop-Run" in missing.json()["detail"]
-    assert end_named("bad id").status_code == 400
+    assert missing.status_code == 422
+    assert missing.json()["detail"][0]["loc"] == ["header", "X-Arloop-Run"]
+    assert end_named("bad id").status_code == 422
     ended = end_named("job-7")
     assert ended.status_code == 200, ended.text
     assert ended.json()["trajectory_id"] == headers["X-Arloop-Trajectory"]
