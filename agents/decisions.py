@@ -34,6 +34,10 @@ class Decision:
     written (a reply that asks a question instead of answering)."""
     read: Callable[[str], str | None] = lambda text: None
     """The label the model's own reply states (recorded beside the head's)."""
+    bound: Callable[[str, str], str] = lambda question, label: label
+    """(the user's message, the head's label) -> the label the reply takes: a pack may hold
+    back a label its head has not earned on such a message (the medical pack: `emergency`
+    only where a published discriminator fires). The trajectory records both."""
 
 
 @dataclass(frozen=True)
@@ -85,3 +89,8 @@ def decided_metadata(decision: Decision, decided: Decided, reply: str) -> dict[s
         f"decision.{decision.name}.version": decided.version,
         f"decision.{decision.name}.model_said": decision.read(reply) or "",
     }
+
+
+def bounded_metadata(decision: Decision, label: str) -> dict[str, str]:
+    """What the trajectory adds when the pack's `bound` changed the head's label."""
+    return {f"decision.{decision.name}.applied": label}

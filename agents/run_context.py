@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, SystemMessage, ToolMessage
 
-from agents.decisions import Decision, decided_metadata
+from agents.decisions import Decision, bounded_metadata, decided_metadata
 from agents.events import ModelStep, StepEvent, ToolStep
 from agents.memory import LongTermMemory
 from agents.policy_client import Generation, PolicyClient
@@ -98,7 +98,12 @@ class RunContext:
         if decided is None or decided.label not in self.decision.labels:
             return None
         self.decided = decided_metadata(self.decision, decided, reply)
-        return self.decision.apply(reply, decided.label)
+        label = self.decision.bound(question, decided.label)
+        if label != decided.label and label in self.decision.labels:
+            self.decided |= bounded_metadata(self.decision, label)
+        else:
+            label = decided.label
+        return self.decision.apply(reply, label)
 
     async def call_tool(
         self,

@@ -110,11 +110,21 @@ KB_PASSAGES, KB_PASSAGE_CHARS = 2, 280
 """Passages per search and characters each: the answer needs the level's section, not pages."""
 
 
-LEVEL = Decision("level", LEVELS, apply=with_level, read=triage_level)
+def head_level(message: str, label: str) -> str:
+    """The level a head's label may give this message: `emergency` only where a published
+    discriminator fires (where the envelope escalates anyway), else `urgent`, whose advice
+    says when to call emergency services. Measured on 452 messages no head was fitted on
+    (seed 2's released head, 2026-12-06, docs/medical.md): where no red flag fired, the head's
+    `emergency` was right 3 times and wrong 51, at probabilities up to 0.99."""
+    return "urgent" if label == "emergency" and not red_flags(message) else label
+
+
+LEVEL = Decision("level", LEVELS, apply=with_level, read=triage_level, bound=head_level)
 """The level is the version's level head's where it has one (`learner.policy.heads`): fitted
 on clinicians' dispositions, it reads the level off the base model's hidden states, which the
 135M model's own words rarely get right; the model's reply keeps its words, the `Triage:`
-line becomes the head's, and the envelope's floors and red flags still apply over it."""
+line becomes the head's (`emergency` only on a red flag: `head_level`), and the envelope's
+floors and red flags still apply over it."""
 
 
 def screen() -> Screen:

@@ -65,6 +65,24 @@ async def test_a_head_cannot_lower_a_red_flag(aredis, llm, head_level):
     assert_safe(HEART, event.output)
 
 
+async def test_a_heads_emergency_stands_only_on_a_red_flag(aredis, llm):
+    """Unflagged, a head's `emergency` becomes `urgent` (a head's word alone is not a
+    discriminator); on a red-flag message it stands, as the envelope's does."""
+    llm.heads["level"] = lambda request: "emergency"
+    _sore_throat_run(llm)
+    event = await runtime(aredis, llm).run("triage", SORE, "u1")
+
+    assert triage_level(event.output) == "urgent", event.output
+    assert event.answered_by is AnswerPath.MODEL
+    assert event.metadata["arloop.decision.level"] == "emergency"  # what the head said
+    assert event.metadata["arloop.decision.level.applied"] == "urgent"  # what the reply took
+
+    llm.responder = says(GOOD)
+    flagged = await runtime(aredis, llm).run("triage", HEART, "u2")
+    assert triage_level(flagged.output) == "emergency", flagged.output
+    assert "arloop.decision.level.applied" not in flagged.metadata
+
+
 async def test_a_failing_head_endpoint_leaves_the_reply_and_the_run_ok(aredis, llm):
     def broken(request):
         raise RuntimeError("head crashed")  # the fake answers 500
