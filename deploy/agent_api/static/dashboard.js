@@ -75,14 +75,18 @@
     }));
   }
 
+  let latest = 0;
   async function refresh() {
+    const mine = ++latest;  // answers can arrive out of order: only the newest call's is drawn
     try {
       const data = await (await arloop.api("/v1/dashboard")).json();
+      if (mine !== latest) return;
       serving(data); versions(data); charts(data); learner(data);
       $("status").className = "muted";
       $("status").textContent = "updated " + new Date(data.at * 1000).toLocaleTimeString() + " · every " + every / 1000 + " s";
       document.body.dataset.loaded = String(data.at);
     } catch (err) {
+      if (mine !== latest) return;
       $("status").className = "error";
       $("status").textContent = "Cannot load the dashboard (" + err.message + "): check the API key above.";
     }
