@@ -304,12 +304,7 @@ def test_an_older_answer_arriving_last_is_not_drawn_over_the_newest(start_api, p
 
     page.add_init_script(COUNT_JSON)
     page.route("**/v1/dashboard", hold_the_first)
-    page.goto(f"{api.server.url}/dashboard?refresh=600")
-    page.fill("#api-key", API_KEY)
-    with page.expect_response(lambda r: r.url.endswith("/v1/dashboard") and r.ok) as answer:
-        page.dispatch_event("#api-key", "change")
-    newest = answer.value.json()
-    page.wait_for_selector(f'body[data-loaded="{newest["at"]}"]')
+    newest = load(page, api)  # drawn: the key's call's answer
     assert len(held) == 1  # the opening call, still unanswered
 
     stale = newest | {"at": newest["at"] - 100}
