@@ -22,16 +22,14 @@ from agents.checkpoints import make_checkpointer
 from agents.events import (
     FORGET_REQUESTS,
     MEMORY_PREFIX,
-    STREAM_DEAD,
-    STREAM_FEEDBACK,
-    STREAM_TRAJECTORIES,
+    ONE_SHARD,
     THREAD_PREFIX,
+    StreamShards,
     as_text,
 )
 from agents.threads import lock_key, thread_key
 
 SCAN_COUNT = 1000
-STREAMS = (STREAM_TRAJECTORIES, STREAM_FEEDBACK, STREAM_DEAD)
 
 
 @dataclass(frozen=True)
@@ -46,9 +44,11 @@ class Erased:
         return asdict(self)
 
 
-async def forget_user(client: aioredis.Redis, user_id: str) -> Erased:
+async def forget_user(
+    client: aioredis.Redis, user_id: str, shards: StreamShards = ONE_SHARD
+) -> Erased:
     """Remove everything Redis holds of `user_id` (the stored id, `deploy.credentials.pseudonym`)
-    and record the request for the learner."""
+    from every shard's streams, and record the request for the learner."""
     threads = await _threads_of(client, user_id)
     checkpoints = make_checkpointer(client)
     for thread_id in threads:
@@ -56,8 +56,11 @@ async def forget_user(client: aioredis.Redis, user_id: str) -> Erased:
         await client.delete(thread_key(thread_id), lock_key(thread_id))
     memories = await _delete_matching(client, f"{MEMORY_PREFIX}:{user_id}:*")
     events, runs = 0, set()
-    for stream in STREAMS:  # runs first: the feedback on them goes too, a reviewer's included
-        events += await _delete_entries(client, stream, json.dumps(user_id).encode(), runs)
+    quoted = json.dumps(user_id).encode()
+    for stream in shards.all_trajectories():  # runs first: the feedback on them goes too
+        events += await _delete_entries(client, stream, quoted, runs, is_runs=True)
+    for stream in (*shards.all_feedback(), *shards.all_dead()):  # a reviewer's included
+        events += await _delete_entries(client, stream, quoted, runs, is_runs=False)
     await client.hset(FORGET_REQUESTS, user_id, f"{time.time():.3f}")
     return Erased(threads=len(threads), memories=memories, events=events)
 
@@ -89,12 +92,13 @@ async def _delete_matching(client: aioredis.Redis, pattern: str) -> int:
 
 
 async def _delete_entries(
-    client: aioredis.Redis, stream: str, quoted_user: bytes, runs: set[bytes]
+    client: aioredis.Redis, stream: str, quoted_user: bytes, runs: set[bytes], *, is_runs: bool
 ) -> int:
     """XDEL every entry whose event names the user (its JSON holds `"<user id>"`: pseudonyms
     are unique strings, and a poison entry that does not parse is matched all the same), or is
-    about one of `runs` (the ids of the user's runs deleted so far: the trajectory stream's
-    entries add theirs, so feedback from others on them, a reviewer's verdict, goes too)."""
+    about one of `runs` (the ids of the user's runs deleted so far: a trajectory stream's
+    entries, `is_runs`, add theirs, so feedback from others on them, a reviewer's verdict, goes
+    too)."""
     start, deleted = "-", 0
     while True:
         batch = await client.xrange(stream, min=start, count=SCAN_COUNT)
@@ -104,7 +108,7 @@ async def _delete_entries(
             about = _ABOUT_RUN.search(data)
             if quoted_user in data or (about is not None and about.group(1) in runs):
                 mine.append(entry_id)
-                if stream == STREAM_TRAJECTORIES:
+                if is_runs:
                     runs.add(_event_id(fields))
         if mine:
             deleted += await client.xdel(stream, *mine)

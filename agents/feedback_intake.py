@@ -23,13 +23,14 @@ import redis.asyncio as aioredis
 
 from agents.errors import ArloopError
 from agents.events import (
-    FEEDBACK_RATE_PREFIX,
-    FEEDBACK_SCORES_PREFIX,
-    FEEDBACK_SEEN_PREFIX,
     LEGACY_SEEN_PREFIX,
-    STREAM_FEEDBACK,
+    ONE_SHARD,
+    RATE_PREFIX,
+    SCORES_BASE,
+    SEEN_BASE,
     FeedbackEvent,
     FeedbackKind,
+    StreamShards,
     as_text,
     check_feedback_value,
     check_score_key,
@@ -50,22 +51,24 @@ ScoreRule = Callable[[str | None, str, float], float | None]
 """(agent, key, score) -> reward in [-1, 1] or None: the served packs' `score_reward`."""
 
 # KEYS: the user's rate window, replay marker, stream, the credential's rate window, the run's
-# count of named scores (all in the stream's cluster slot, `agents.events.FEEDBACK_TAG`), then on
+# count of named scores (all in the stream's cluster slot: its shard's `feedback_tag`), then on
 # a plain Redis the marker's name before the hash tags (honoured until it expires).
-# ARGV: user limit, window s, marker ttl s, marker value (event id|nonce), credential limit
-# (0: none), named scores a run may take (0: not a named score), the stream's MAXLEN ~ (0: none),
-# then the stream entry's field/value pairs.
+# ARGV: user limit (-1: the windows were counted before, `_count_windows`), window s, marker ttl s,
+# marker value (event id|nonce), credential limit (0: none), named scores a run may take (0: not
+# a named score), the stream's MAXLEN ~ (0: none), then the stream entry's field/value pairs.
 _ACCEPT = """
 local seen = redis.call('GET', KEYS[2])
 if not seen and KEYS[6] then seen = redis.call('GET', KEYS[6]) end
 if seen == ARGV[4] then return {'again', seen} end
-local n = redis.call('INCR', KEYS[1])
-if n == 1 then redis.call('EXPIRE', KEYS[1], ARGV[2]) end
-if n > tonumber(ARGV[1]) then return {'rate', 'user'} end
-if tonumber(ARGV[5]) > 0 then
-  local k = redis.call('INCR', KEYS[4])
-  if k == 1 then redis.call('EXPIRE', KEYS[4], ARGV[2]) end
-  if k > tonumber(ARGV[5]) then return {'rate', 'key'} end
+if tonumber(ARGV[1]) >= 0 then
+  local n = redis.call('INCR', KEYS[1])
+  if n == 1 then redis.call('EXPIRE', KEYS[1], ARGV[2]) end
+  if n > tonumber(ARGV[1]) then return {'rate', 'user'} end
+  if tonumber(ARGV[5]) > 0 then
+    local k = redis.call('INCR', KEYS[4])
+    if k == 1 then redis.call('EXPIRE', KEYS[4], ARGV[2]) end
+    if k > tonumber(ARGV[5]) then return {'rate', 'key'} end
+  end
 end
 if seen then return {'dup', seen} end
 local scores = tonumber(ARGV[6])
@@ -152,7 +155,7 @@ def feedback_event_id(trajectory_id: str, kind: str) -> str:
 
 
 class FeedbackIntake:
-    """Validates submissions and writes accepted ones to `STREAM_FEEDBACK`."""
+    """Validates submissions and writes accepted ones to their shard of the feedback stream."""
 
     def __init__(
         self,
@@ -164,15 +167,19 @@ class FeedbackIntake:
         clock: Callable[[], float] = time.time,
         scores_per_run: int = 8,
         max_entries: int | None = None,
+        shards: StreamShards = ONE_SHARD,
     ) -> None:
         self.secret = secret
+        self.shards = shards  # a feedback goes to its run's shard (`StreamShards.of`)
         self.rate_per_minute = rate_per_minute
         self.scores_per_run = scores_per_run  # named scores one run (one token) may take
-        self.max_entries = max_entries  # the stream's XADD MAXLEN ~ (None: unbounded)
+        # each shard's XADD MAXLEN ~ (None: unbounded)
+        self.max_entries = None if max_entries is None else -(-max_entries // shards.count)
         self.clock = clock  # seconds since the epoch: its minute is the rate window
         self.scrub = scrub  # a correction's text is user text: PHI scrubbed before Redis
         self.score_reward = score_reward  # None: named scores are kept but not learned from
         self._accept = client.register_script(_ACCEPT)
+        self._client = client
         self._cluster = is_cluster(client)
 
     async def accept(self, sub: FeedbackSubmission) -> str:
@@ -254,38 +261,34 @@ class FeedbackIntake:
         """XADD `event` once (the script above); `ttl`: its replay marker's life in seconds."""
         now = self.clock()
         window = int(now // 60)
+        shard = self.shards.of(event.trajectory_id)
+        tag = self.shards.feedback_tag(shard)
         keys = [
-            f"{FEEDBACK_RATE_PREFIX}:feedback:{event.user_id}:{window}",
-            f"{FEEDBACK_SEEN_PREFIX}:{event.trajectory_id}:{event.slot}",
-            STREAM_FEEDBACK,
-            f"{FEEDBACK_RATE_PREFIX}:feedback-key:{event.credential}:{window}",
-            f"{FEEDBACK_SCORES_PREFIX}:{event.trajectory_id}",
+            f"{RATE_PREFIX}:{tag}:feedback:{event.user_id}:{window}",
+            f"{SEEN_BASE}:{tag}:{event.trajectory_id}:{event.slot}",
+            self.shards.feedback(shard),
+            f"{RATE_PREFIX}:{tag}:feedback-key:{event.credential}:{window}",
+            f"{SCORES_BASE}:{tag}:{event.trajectory_id}",
         ]
-        if not self._cluster:
+        if not self._cluster and self.shards.count == 1:
             keys.append(f"{LEGACY_SEEN_PREFIX}:{event.trajectory_id}:{event.slot}")
         marker = f"{event.event_id}|{secrets.token_hex(8)}"
         fields = [x for pair in encode(event).items() for x in pair]
         scores = self.scores_per_run if event.kind is FeedbackKind.SCORE else 0
         cap = self.max_entries or 0
-        args = [self.rate_per_minute, 120, ttl, marker, key_limit, scores, cap, *fields]
+        user_limit = self.rate_per_minute
+        if self.shards.count > 1:
+            await self._count_windows(event, window, key_limit)
+            user_limit = -1
+        args = [user_limit, 120, ttl, marker, key_limit, scores, cap, *fields]
         status, detail = (as_text(v) for v in await self._accept(keys=keys, args=args))
+        if status == "rate":
+            self._too_much(event, now, detail, key_limit)
         if status == "error":
             raise FeedbackRejected(
                 503 if detail.startswith(("OOM", "READONLY", "MASTERDOWN")) else 500,
                 f"Redis refused to store the feedback ({detail}); nothing was written, so "
                 "sending it again is safe",
-            )
-        if status == "rate":
-            wait = max(1, 60 - int(now) % 60)
-            who, limit = (
-                ("this user", self.rate_per_minute)
-                if detail == "user"
-                else (f"API key {event.credential!r}, all its users together", key_limit)
-            )
-            raise FeedbackRejected(
-                429,
-                f"too much feedback from {who}: {limit} per minute; retry in {wait} s",
-                retry_after=wait,
             )
         if status == "cap":
             raise FeedbackRejected(
@@ -301,6 +304,41 @@ class FeedbackIntake:
                 "once per trajectory",
             )
         return event.event_id
+
+    async def _count_windows(self, event: FeedbackEvent, window: int, key_limit: int) -> None:
+        """Count the user's (and the credential's) rate window before the script, each in a slot
+        of its own: with sharded streams a user's feedback spans every shard, and the limit is
+        the user's, not one per shard. FeedbackRejected 429 past a limit."""
+        user = f"{RATE_PREFIX}:{{u:{event.user_id}}}:feedback:{window}"
+        if await self._incr(user) > self.rate_per_minute:
+            self._too_much(event, self.clock(), "user", key_limit)
+        if key_limit > 0:
+            key = f"{RATE_PREFIX}:{{k:{event.credential}}}:feedback-key:{window}"
+            if await self._incr(key) > key_limit:
+                self._too_much(event, self.clock(), "key", key_limit)
+
+    async def _incr(self, window: str) -> int:
+        """INCR a rate window, and give it its 120 s on its first count: one call almost always
+        (a Lua call costs a master ten times an INCR, a pipeline the agent API twice). A crash
+        between the two leaves one key without expiry, which never counts again: its minute is
+        in its name."""
+        count = int(await self._client.incr(window))
+        if count == 1:
+            await self._client.expire(window, 120)
+        return count
+
+    def _too_much(self, event: FeedbackEvent, now: float, who: str, key_limit: int) -> None:
+        wait = max(1, 60 - int(now) % 60)
+        whom, limit = (
+            ("this user", self.rate_per_minute)
+            if who == "user"
+            else (f"API key {event.credential!r}, all its users together", key_limit)
+        )
+        raise FeedbackRejected(
+            429,
+            f"too much feedback from {whom}: {limit} per minute; retry in {wait} s",
+            retry_after=wait,
+        )
 
 
 def marker_ttl(claims: TokenClaims, now: float) -> int:

@@ -18,7 +18,16 @@ from agents.adapter_routes import policy_client
 from agents.checkpoints import make_checkpointer
 from agents.decisions import Decision
 from agents.errors import ArloopError
-from agents.events import CASE_KEY, AnswerPath, ModelStep, RunStatus, TrajectoryEvent, new_id
+from agents.events import (
+    CASE_KEY,
+    ONE_SHARD,
+    AnswerPath,
+    ModelStep,
+    RunStatus,
+    StreamShards,
+    TrajectoryEvent,
+    new_id,
+)
 from agents.guard import Guard
 from agents.memory import LongTermMemory
 from agents.model_routes import ModelRoute
@@ -163,6 +172,7 @@ class AgentRuntime:
         durability: Literal["sync", "async", "exit"] = "exit",
         memory_ttl_s: int | None = None,
         stream_max_entries: int | None = None,
+        shards: StreamShards = ONE_SHARD,
     ) -> AgentRuntime:
         """The runtime with everything on one Redis: threads, checkpoints, memory, sink."""
         threads = Threads(
@@ -176,7 +186,7 @@ class AgentRuntime:
             specs,
             policy=policy_client(policy, client),  # vLLM adapters or the plain client
             threads=threads,
-            sink=TrajectorySink(client, scrub, max_entries=stream_max_entries),
+            sink=TrajectorySink(client, scrub, max_entries=stream_max_entries, shards=shards),
             checkpointer=make_checkpointer(client, thread_ttl_s),
             memory=LongTermMemory(
                 client, max_items=memory_max_items, scrub=scrub, ttl_s=memory_ttl_s

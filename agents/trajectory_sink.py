@@ -18,8 +18,9 @@ import redis.asyncio as aioredis
 
 from agents.events import (
     CASE_KEY,
-    STREAM_TRAJECTORIES,
+    ONE_SHARD,
     ModelStep,
+    StreamShards,
     ToolStep,
     TrajectoryEvent,
     encode,
@@ -29,26 +30,39 @@ Scrub = Callable[[str], str]
 
 
 class TrajectorySink:
-    """Writes finished runs to `STREAM_TRAJECTORIES` or another stream (scrubbed when asked)."""
+    """Writes finished runs to their shard of the trajectory stream, or to one `stream` given
+    (scrubbed when asked)."""
 
     def __init__(
         self,
         client: aioredis.Redis,
         scrub: Scrub | None = None,
-        stream: str = STREAM_TRAJECTORIES,
+        stream: str | None = None,
         max_entries: int | None = None,
+        shards: StreamShards = ONE_SHARD,
     ) -> None:
         self.client = client
         self.scrub = CleanTexts(scrub) if scrub is not None else None
         self.stream = stream  # eval runs go to STREAM_EVAL_TRAJECTORIES: the learner never reads it
-        self.max_entries = max_entries  # XADD MAXLEN ~: the oldest entries go past it
+        self.shards = shards  # without `stream`: the run's shard (`StreamShards.of`)
+        # XADD MAXLEN ~: the oldest entries go past it (split between the shards)
+        self.max_entries = (
+            max_entries if max_entries is None or stream else -(-max_entries // shards.count)
+        )
+
+    def stream_of(self, trajectory_id: str) -> str:
+        """The stream a run goes to."""
+        return self.stream or self.shards.trajectories(self.shards.of(trajectory_id))
 
     async def write(self, event: TrajectoryEvent) -> str:
         """XADD the event; returns the stream entry id."""
         if self.scrub is not None:  # CPU-heavy (presidio): off the event loop
             event = await asyncio.to_thread(scrub_trajectory, event, self.scrub)
         entry_id = await self.client.xadd(
-            self.stream, encode(event), maxlen=self.max_entries, approximate=True
+            self.stream_of(event.trajectory_id),
+            encode(event),
+            maxlen=self.max_entries,
+            approximate=True,
         )
         return entry_id.decode() if isinstance(entry_id, bytes) else entry_id
 

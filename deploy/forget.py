@@ -41,6 +41,6 @@ def main(user: str, tenant: str) -> int:
 async def _forget(url: str, settings: AgentApiSettings, stored: str) -> Erased:
     client = settings.async_redis(url)
     try:
-        return await forget_user(client, stored)
+        return await forget_user(client, stored, settings.shards)
     finally:
         await client.aclose()

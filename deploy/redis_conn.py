@@ -28,6 +28,8 @@ from redis.backoff import ExponentialWithJitterBackoff
 from redis.exceptions import BusyLoadingError, ConnectionError, TimeoutError
 from redis.retry import Retry
 
+from agents.events import STREAM_SHARDS_KEY, StreamShards, check_shards
+
 RETRY_ON = [ConnectionError, TimeoutError, BusyLoadingError]
 """What a retry can fix: the connection, or a Redis still loading its data after a restart."""
 
@@ -156,6 +158,33 @@ def check_mode(url: str | None, s: RedisSettings) -> None:
         return
     if why:
         raise RedisModeMismatch(why)
+
+
+class StreamShardsMismatch(RedisModeMismatch):
+    """ARLOOP_STREAM_SHARDS differs from the count the streams were laid out with."""
+
+
+def claim_shards(client: Any, shards: StreamShards) -> None:
+    """At a process's start: record the streams' shard count when none is recorded yet, else
+    StreamShardsMismatch naming the fix when `shards` is another count."""
+    client.set(STREAM_SHARDS_KEY, shards.count, nx=True)
+    why = check_shards(client.get(STREAM_SHARDS_KEY), shards)
+    if why:
+        raise StreamShardsMismatch(why)
+
+
+def claim_shards_at(url: str, s: RedisSettings, shards: StreamShards) -> None:
+    """`claim_shards` with a short-lived client at a process's start; a server that does not
+    answer yet is left to the process's own retries (the streams are checked at its next start)."""
+    timeouts = {"socket_connect_timeout": 2.0, "socket_timeout": 2.0, "retry": None}
+    try:
+        client = sync_client(url, s, **timeouts)
+        try:
+            claim_shards(client, shards)
+        finally:
+            client.close()
+    except redis.RedisError:
+        return
 
 
 def cluster_mismatch(client: Any, cluster: bool) -> str | None:

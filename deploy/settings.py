@@ -30,6 +30,7 @@ from pydantic import (
 from pydantic_core import InitErrorDetails, PydanticCustomError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from agents.events import MAX_STREAM_SHARDS, StreamShards
 from agents.feedback_tokens import MAX_TOKEN_TTL_S
 from agents.model_routes import Endpoint, ModelRoute, Provider
 from agents.policy_client import PolicyConfig
@@ -102,6 +103,12 @@ class CommonSettings(BaseSettings):
     """`ARLOOP_REDIS_URL` is a node of a Redis Cluster (any node): every client is redis-py's
     cluster client (docs/deploying.md, "Redis Cluster"); needs a `redis://` URL, no embedded
     server."""
+    stream_shards: int = Field(1, ge=1, le=MAX_STREAM_SHARDS)
+    """Shards of the trajectory and feedback streams: a run and its feedback go to the shard a
+    hash of its trajectory id picks, and the learner reads them all. More than 1 spreads the
+    feedback intake over a Redis Cluster's masters (docs/deploying.md, "Sharded streams"). Every
+    process must use the same count: the first to start records it in Redis, and a process with
+    another count is refused."""
     data_dir: Path = Path(".arloop")
     """Where the embedded Redis, the learner's store, checkpoints and reports live."""
     log_level: str = "INFO"
@@ -169,6 +176,11 @@ class CommonSettings(BaseSettings):
                 f"`{HOW_TO_MAKE_ONE}`"
             ]
         return []
+
+    @property
+    def shards(self) -> StreamShards:
+        """The streams' shard layout (`stream_shards`)."""
+        return StreamShards(self.stream_shards)
 
     def redis_options(self, url: str, *, asyncio: bool = False) -> dict[str, Any]:
         """redis-py client arguments: credentials, TLS, health checks, retries (`asyncio`:

@@ -20,12 +20,11 @@ from typing import Any
 
 import redis
 
-from agents.events import LEARNER_GROUP, STREAM_DEAD, STREAM_FEEDBACK, STREAM_TRAJECTORIES, as_text
+from agents.events import LEARNER_GROUP, ONE_SHARD, StreamShards, as_text
 
 LAG_CAP = 100
 """Undelivered entries counted at most: XRANGE returns whole entries (a run can be tens of
 kilobytes), so a larger lag reads as this with `lag_capped` set, beside the age of the oldest."""
-STREAMS = (STREAM_TRAJECTORIES, STREAM_FEEDBACK)
 
 
 @dataclass(frozen=True)
@@ -84,12 +83,14 @@ def _trimmed_unread(
     return max(0, int(client.xinfo_stream(stream)["entries-added"]) - read - length)
 
 
-def all_stats(client: redis.Redis) -> dict[str, Any]:
-    """Both streams' figures and the dead-letter count, as JSON-ready values."""
+def all_stats(client: redis.Redis, shards: StreamShards = ONE_SHARD) -> dict[str, Any]:
+    """Every shard's trajectory and feedback streams' figures and the dead letters of all
+    shards, as JSON-ready values."""
     now = time.time()
+    streams = (*shards.all_trajectories(), *shards.all_feedback())
     return {
-        "streams": [stream_stats(client, s, now).to_dict() for s in STREAMS],
-        "dead_letters": int(client.xlen(STREAM_DEAD)),
+        "streams": [stream_stats(client, s, now).to_dict() for s in streams],
+        "dead_letters": sum(int(client.xlen(s)) for s in shards.all_dead()),
         "at": now,
     }
 

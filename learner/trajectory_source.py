@@ -4,7 +4,12 @@ At-least-once from Redis, exactly-once into the store: entries are read with XRE
 `learner`), written to SQLite in one transaction (INSERT OR IGNORE by event_id), and only then
 acknowledged. A crash before the commit leaves them pending in Redis; a crash after it leaves a
 pending entry whose re-delivery is a no-op. Pending entries of a dead consumer are taken over
-with XAUTOCLAIM; entries delivered too often, or that do not decode, go to `arloop:dead`.
+with XAUTOCLAIM; entries delivered too often, or that do not decode, go to the dead-letter
+stream of their shard (`arloop:dead` unsharded).
+
+With sharded streams (`StreamShards`) the group reads every shard's two streams. The ledger is
+the store's, by event id: an event id is a function of its run's id, and so of its shard, so
+each shard's events are counted once whatever order the shards are read in.
 """
 
 from __future__ import annotations
@@ -18,11 +23,10 @@ import redis
 from agents.events import (
     FORGET_REQUESTS,
     LEARNER_GROUP,
-    STREAM_DEAD,
-    STREAM_FEEDBACK,
-    STREAM_TRAJECTORIES,
+    ONE_SHARD,
     EventDecodeError,
     FeedbackEvent,
+    StreamShards,
     TrajectoryEvent,
     as_text,
     decode,
@@ -33,9 +37,7 @@ from learner.store import Store
 
 log = logging.getLogger(__name__)
 
-STREAMS = (STREAM_TRAJECTORIES, STREAM_FEEDBACK)
 Event = TrajectoryEvent | FeedbackEvent
-_EXPECTED = {STREAM_TRAJECTORIES: TrajectoryEvent, STREAM_FEEDBACK: FeedbackEvent}
 _DROP_REQUEST = """
 if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then return redis.call('HDEL', KEYS[1], ARGV[1]) end
 return 0
@@ -81,18 +83,25 @@ class TrajectorySource:
         claim_idle_ms: int = 60_000,
         block_ms: int = 1000,
         count: int = 256,
+        shards: StreamShards = ONE_SHARD,
     ) -> None:
         self.r, self.store, self.consumer = client, store, consumer
+        self.shards = shards
+        self.streams = shards.all_trajectories() + shards.all_feedback()
+        self._expected: dict[str, type[Event]] = {
+            **{s: TrajectoryEvent for s in shards.all_trajectories()},
+            **{s: FeedbackEvent for s in shards.all_feedback()},
+        }
         self.max_deliveries, self.claim_idle_ms = max_deliveries, claim_idle_ms
         self.block_ms, self.count = block_ms, count
         self._own_pending_done = False  # our PEL from a previous life is re-read first
-        self._claim_cursor = {s: "0-0" for s in STREAMS}
+        self._claim_cursor = {s: "0-0" for s in self.streams}
         self._drop_request = client.register_script(_DROP_REQUEST)
         self.dead_total = 0
 
     def ensure_groups(self) -> None:
-        """Create the consumer group on both streams (from the start, creating the streams)."""
-        for stream in STREAMS:
+        """Create the consumer group on every stream (from the start, creating the streams)."""
+        for stream in self.streams:
             try:
                 self.r.xgroup_create(stream, LEARNER_GROUP, id="0", mkstream=True)
             except redis.ResponseError as exc:
@@ -123,15 +132,15 @@ class TrajectorySource:
     def _read(self) -> tuple[list[Entry], bool]:
         """(entries, caught_up): caught up when a read of new entries came back short."""
         if not self._own_pending_done:
-            entries = self._readgroup({s: "0" for s in STREAMS}, block=None)
+            entries = self._readgroup({s: "0" for s in self.streams}, block=None)
             if entries:
                 return entries, False
             self._own_pending_done = True
         entries = self._reclaim()
         if entries:
             return entries, False
-        entries = self._readgroup({s: ">" for s in STREAMS}, block=self.block_ms)
-        per_stream = [sum(e.stream == s for e in entries) for s in STREAMS]
+        entries = self._readgroup({s: ">" for s in self.streams}, block=self.block_ms)
+        per_stream = [sum(e.stream == s for e in entries) for s in self.streams]
         return entries, all(n < self.count for n in per_stream)
 
     def _readgroup(self, streams: dict[str, str], block: int | None) -> list[Entry]:
@@ -158,7 +167,7 @@ class TrajectorySource:
     def _reclaim(self) -> list[Entry]:
         """Take over entries another consumer left pending longer than claim_idle_ms."""
         out: list[Entry] = []
-        for stream in STREAMS:
+        for stream in self.streams:
             reply = self.r.xautoclaim(
                 stream,
                 LEARNER_GROUP,
@@ -210,7 +219,7 @@ class TrajectorySource:
                 f"(max_deliveries={self.max_deliveries})"
             )
         event = decode(entry.fields)
-        expected = _EXPECTED[entry.stream]
+        expected = self._expected[entry.stream]
         if not isinstance(event, expected):
             raise EventDecodeError(f"a {type(event).__name__} does not belong on {entry.stream}")
         return event
@@ -222,7 +231,8 @@ class TrajectorySource:
         pipe.execute()
 
     def _dead_letter(self, entry: Entry, reason: str) -> None:
-        """Copy the entry with why it died to the dead-letter stream and ack it, atomically."""
+        """Copy the entry with why it died to its shard's dead-letter stream and ack it,
+        atomically."""
         log.warning("dead letter %s %s: %s", entry.stream, entry.entry_id, reason)
         fields = {
             **entry.fields,
@@ -232,12 +242,13 @@ class TrajectorySource:
             "dead_deliveries": str(entry.deliveries),
             "dead_at": f"{time.time():.3f}",
         }
+        dead = self.shards.dead(self.shards.shard_of_stream(entry.stream))
         if is_cluster(self.r):  # the dead-letter stream is in another slot: copy, then ack (a
-            self.r.xadd(STREAM_DEAD, fields)  # crash between leaves the entry pending, to be
+            self.r.xadd(dead, fields)  # crash between leaves the entry pending, to be
             self.r.xack(entry.stream, LEARNER_GROUP, entry.entry_id)  # copied again, same dead_id)
             return
         pipe = self.r.pipeline(transaction=True)
-        pipe.xadd(STREAM_DEAD, fields)
+        pipe.xadd(dead, fields)
         pipe.xack(entry.stream, LEARNER_GROUP, entry.entry_id)
         pipe.execute()
 
@@ -255,13 +266,13 @@ class TrajectorySource:
         return deleted
 
     def pending(self) -> int:
-        """Entries delivered to the group and not yet acknowledged, both streams."""
-        return sum(int(self.r.xpending(s, LEARNER_GROUP)["pending"]) for s in STREAMS)
+        """Entries delivered to the group and not yet acknowledged, every stream."""
+        return sum(int(self.r.xpending(s, LEARNER_GROUP)["pending"]) for s in self.streams)
 
     def trim(self) -> dict[str, int]:
         """Drop what every group on a stream has acknowledged (XTRIM MINID); counts per stream."""
         removed: dict[str, int] = {}
-        for stream in STREAMS:
+        for stream in self.streams:
             floor = safe_trim_floor(self.r, stream)
             if floor is not None:
                 removed[stream] = int(self.r.xtrim(stream, minid=floor, approximate=False))

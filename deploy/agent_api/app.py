@@ -22,7 +22,8 @@ from fastapi.responses import JSONResponse
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from agents.events import HEALTH_KEY, new_id
+from agents.errors import ArloopError
+from agents.events import HEALTH_KEY, STREAM_SHARDS_KEY, check_shards, new_id
 from agents.model_routes import ModelRoute, ModelRouteError
 from agents.pack_fit import check_fit
 from agents.pack_fit import watch_fit as watch_fit_of
@@ -80,8 +81,14 @@ async def feedback(body: FeedbackRequest, caller: CallerDep) -> JSONResponse:
 @router.get("/healthz", responses=errors(500, 503))
 async def healthz(services: ServicesDep) -> dict[str, str]:
     """200 when Redis takes a write; 503 with the reason when it is down or refuses writes
-    (full, read-only, a cluster node that holds another part): a run could not be logged."""
+    (full, read-only, a cluster node that holds another part): a run could not be logged. Also
+    503 when the streams were laid out with another shard count than this process's."""
     await services.redis.set(HEALTH_KEY, "1", px=10_000)
+    shards = services.settings.shards
+    await services.redis.set(STREAM_SHARDS_KEY, shards.count, nx=True)
+    why = check_shards(await services.redis.get(STREAM_SHARDS_KEY), shards)
+    if why:
+        raise ArloopError(503, why)
     return {"status": "ok", "redis": "ok"}
 
 
@@ -251,6 +258,7 @@ def serve() -> None:
         until = "/healthz reports not ready until it answers"
         redis_conn.wait_for(url, settings, log.warning, until=until, background=True)
         redis_conn.check_mode(settings.redis_url, settings)  # a cluster without the cluster client
+        redis_conn.claim_shards_at(url, settings, settings.shards)  # the streams' shard count
         app = create_app(settings.model_copy(update={"redis_url": url}), watch_fit=not fitted)
         server = uvicorn.Server(_uvicorn_config(app, settings))
         server.run()

@@ -18,9 +18,11 @@ import redis
 from agents.events import (
     LEARNER_LEASE,
     LEARNER_STATUS,
+    ONE_SHARD,
     POLICY_ALIASES,
     POLICY_VERSIONS,
     SERVING_PREFIX,
+    StreamShards,
     as_text,
     policy_version_key,
 )
@@ -40,10 +42,15 @@ means it is busy in a long round or stuck (docs/pages.md)."""
 
 
 def snapshot(
-    client: redis.Redis, tally: Tally, canary_share: float, tenant: str = DEFAULT_TENANT
+    client: redis.Redis,
+    tally: Tally,
+    canary_share: float,
+    tenant: str = DEFAULT_TENANT,
+    shards: StreamShards = ONE_SHARD,
 ) -> dict[str, Any]:
     """Everything the dashboard page shows, JSON-ready, with its charts as SVG: live traffic
-    is `tenant`'s; the registry, canary, streams, learner and servers are the deployment's."""
+    is `tenant`'s; the registry, canary, streams (every shard's), learner and servers are the
+    deployment's."""
     tally.refresh(client)
     aliases = {as_text(k): as_text(v) for k, v in client.hgetall(POLICY_ALIASES).items()}
     versions = read_versions(client)
@@ -52,7 +59,7 @@ def snapshot(
     servers = serving(client)
     rows = [_row(v, aliases, held_out, traffic, servers) for v in versions]
     learner = _json(client.get(LEARNER_STATUS))
-    stats = all_stats(client)
+    stats = all_stats(client, shards)
     data = {
         "at": time.time(),
         "aliases": aliases,

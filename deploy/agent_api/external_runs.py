@@ -26,9 +26,11 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from agents.events import (
+    ONE_SHARD,
     POLICY_ALIASES,
     ModelStep,
     RunStatus,
+    StreamShards,
     TrajectoryEvent,
     as_text,
     new_id,
@@ -149,6 +151,7 @@ class ExternalRuns:
         max_entries: int | None = None,
         rng: random.Random | None = None,
         scrub_prompts: bool = False,
+        shards: StreamShards = ONE_SHARD,
     ) -> None:
         self.client, self.metrics, self.scrub = client, metrics, scrub
         self.scrub_prompts = scrub_prompts and scrub is not None
@@ -156,7 +159,8 @@ class ExternalRuns:
         stored prompt's token ids stay its text's: the run trains like our own agents'."""
         self.idle_s, self.canary_share, self.lock_s = idle_s, canary_share, lock_s
         self.rng = rng or random.Random()
-        self.sink = TrajectorySink(client, None, max_entries=max_entries)  # steps come scrubbed
+        # steps come scrubbed
+        self.sink = TrajectorySink(client, None, max_entries=max_entries, shards=shards)
         self._run_id = client.register_script(_RUN_ID)
         self._begin = client.register_script(_BEGIN)
         self._record = client.register_script(_RECORD)

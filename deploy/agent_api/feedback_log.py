@@ -1,7 +1,8 @@
 """Reading back what was logged: feedback pages, and (trajectory, feedback) joined as JSONL.
 
-Both read the Redis streams (`arloop:feedback`, `arloop:trajectories`) with XRANGE in bounded
-batches; a stream entry id (`<ms>-<seq>`) is the cursor. Streams hold what the learner has not
+Both read the Redis streams (`arloop:feedback`, `arloop:trajectories`; every shard's, merged
+by entry id: `stream_merge`) with XRANGE in bounded batches; a stream entry id (`<ms>-<seq>`,
+with its shard when there are several) is the cursor. Streams hold what the learner has not
 trimmed yet (it trims only below what it has acknowledged), so this is recent history.
 """
 
@@ -18,16 +19,16 @@ import redis.asyncio as aioredis
 
 from agents.errors import ArloopError
 from agents.events import (
-    STREAM_FEEDBACK,
-    STREAM_TRAJECTORIES,
+    ONE_SHARD,
     EventDecodeError,
     FeedbackEvent,
     FeedbackKind,
+    StreamShards,
     TrajectoryEvent,
-    as_text,
     decode,
 )
 from deploy.agent_api.schemas import FeedbackItem, FeedbackPage
+from deploy.agent_api.stream_merge import Merged, bounds_after, cursor_of
 
 Sees = Callable[[str], bool]
 """Whether the caller may read a stored user's events (`deps.Caller.sees`)."""
@@ -35,11 +36,8 @@ BATCH = 500
 SCAN_BATCHES = 10
 """A page reads at most this many batches: filters that match little return a short page
 with `next_cursor` rather than scanning the whole stream in one request."""
-CURSOR = r"^\d{1,19}-\d{1,19}$"
-"""A stream entry id as the API hands it out (19 digits: below Redis's 2^64 bound)."""
 SECONDS = r"^\d{1,10}(\.\d{1,6})?$"
 """`since` as seconds since the epoch."""
-_ENTRY_ID = re.compile(CURSOR)
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _RFC3339 = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})$")
 
@@ -83,14 +81,6 @@ def _rfc3339_seconds(value: str) -> float | None:
         return None
 
 
-def parse_cursor(value: str) -> str:
-    if not _ENTRY_ID.match(value):
-        raise ArloopError(
-            422, f"cursor={value[:40]!r} is not a stream entry id ('<ms>-<seq>', from next_cursor)"
-        )
-    return "(" + value
-
-
 def parse_kind(value: str | None) -> FeedbackKind | None:
     if value is None:
         return None
@@ -110,27 +100,32 @@ async def feedback_page(
     kind: str | None,
     cursor: str | None,
     limit: int,
+    shards: StreamShards = ONE_SHARD,
 ) -> FeedbackPage:
     """Up to `limit` feedback events the caller `sees` matching the filters, oldest first, and
     where to go on."""
-    start = parse_cursor(cursor) if cursor is not None else parse_since(since)
+    starts = (
+        bounds_after(cursor, shards) if cursor is not None else [parse_since(since)] * shards.count
+    )
     wanted = parse_kind(kind)
+    entries = Merged(client, shards.all_feedback(), starts, "+", newest_first=False, batch=BATCH)
     items: list[FeedbackItem] = []
-    for _ in range(SCAN_BATCHES):
-        batch = await client.xrange(STREAM_FEEDBACK, min=start, count=BATCH)
-        for entry_id, fields in batch:
-            start = "(" + as_text(entry_id)
-            event = _decoded(fields)
-            if not isinstance(event, FeedbackEvent) or not sees(event.user_id):
-                continue
-            if (wanted and event.kind is not wanted) or (agent and event.agent != agent):
-                continue
-            items.append(_item(as_text(entry_id), event))
-            if len(items) == limit:
-                return FeedbackPage(items=items, next_cursor=as_text(entry_id))
-        if len(batch) < BATCH:
+    last = None
+    for _ in range(SCAN_BATCHES * BATCH):
+        entry = await entries.next()
+        if entry is None:
             return FeedbackPage(items=items, next_cursor=None)
-    return FeedbackPage(items=items, next_cursor=start[1:])
+        entry_id, shard, fields = entry
+        last = cursor_of(entry_id, shard, shards)
+        event = _decoded(fields)
+        if not isinstance(event, FeedbackEvent) or not sees(event.user_id):
+            continue
+        if (wanted and event.kind is not wanted) or (agent and event.agent != agent):
+            continue
+        items.append(_item(last, event))
+        if len(items) == limit:
+            return FeedbackPage(items=items, next_cursor=last)
+    return FeedbackPage(items=items, next_cursor=last)
 
 
 async def export_jsonl(
@@ -140,8 +135,9 @@ async def export_jsonl(
     agent: str | None,
     since: str | None,
     rated_only: bool,
+    shards: StreamShards = ONE_SHARD,
 ) -> AsyncIterator[str]:
-    """One JSON line per run the caller `sees` since `since`:
+    """One JSON line per run the caller `sees` since `since`, oldest first:
     `{"trajectory": {...}, "feedback": [...]}`.
 
     Feedback always comes after its run, so the feedback since `since` holds all there is on
@@ -149,10 +145,10 @@ async def export_jsonl(
     """
     start = parse_since(since)
     feedback: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    async for _, event in _entries(client, STREAM_FEEDBACK, start):
+    async for event in _events(client, shards.all_feedback(), start):
         if isinstance(event, FeedbackEvent) and sees(event.user_id):
             feedback[event.trajectory_id].append(event.model_dump(mode="json"))
-    async for _, event in _entries(client, STREAM_TRAJECTORIES, start):
+    async for event in _events(client, shards.all_trajectories(), start):
         if not isinstance(event, TrajectoryEvent) or not sees(event.user_id):
             continue
         if agent and event.agent != agent:
@@ -164,14 +160,11 @@ async def export_jsonl(
         yield json.dumps(line, separators=(",", ":")) + "\n"
 
 
-async def _entries(client: aioredis.Redis, stream: str, start: str):
-    while True:
-        batch = await client.xrange(stream, min=start, count=BATCH)
-        for entry_id, fields in batch:
-            yield as_text(entry_id), _decoded(fields)
-        if len(batch) < BATCH:
-            return
-        start = "(" + as_text(batch[-1][0])
+async def _events(client: aioredis.Redis, streams: tuple[str, ...], start: str):
+    """Every event of `streams` (one per shard) from `start` on, merged oldest first."""
+    entries = Merged(client, streams, [start] * len(streams), "+", newest_first=False, batch=BATCH)
+    while (entry := await entries.next()) is not None:
+        yield _decoded(entry[2])
 
 
 def _decoded(fields: dict) -> Any:

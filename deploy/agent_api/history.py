@@ -13,15 +13,8 @@ from pydantic import WithJsonSchema
 from agents.errors import ArloopError
 from agents.events import AnswerPath, FeedbackKind, RunStatus
 from deploy.agent_api.deps import CallerDep, ServicesDep
-from deploy.agent_api.feedback_log import CURSOR, SECONDS, export_jsonl, feedback_page
-from deploy.agent_api.run_log import (
-    FEEDBACK_FILTERS,
-    RunFilter,
-    detail,
-    feedback_of,
-    find_run,
-    runs_page,
-)
+from deploy.agent_api.feedback_log import SECONDS, export_jsonl, feedback_page
+from deploy.agent_api.run_log import FEEDBACK_FILTERS, RunFilter, run_detail, runs_page
 from deploy.agent_api.schemas import (
     FeedbackPage,
     ThreadId,
@@ -30,6 +23,7 @@ from deploy.agent_api.schemas import (
     UserId,
     errors,
 )
+from deploy.agent_api.stream_merge import CURSOR
 
 router = APIRouter()
 AgentName = Annotated[str | None, Query(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
@@ -119,6 +113,7 @@ async def list_feedback(
         kind=kind,
         cursor=cursor,
         limit=limit,
+        shards=services.settings.shards,
     )
 
 
@@ -151,7 +146,14 @@ async def list_runs(
         services.runtime.spec(agent)
     keep = RunFilter(agent, version, status, answered_by, feedback)
     return await runs_page(
-        services.redis, caller.reads, keep, since=since, until=until, cursor=cursor, limit=limit
+        services.redis,
+        caller.reads,
+        keep,
+        since=since,
+        until=until,
+        cursor=cursor,
+        limit=limit,
+        shards=services.settings.shards,
     )
 
 
@@ -165,8 +167,9 @@ async def get_run(
     """One run whole, as stored (PHI-scrubbed): its steps (model calls with the tool calls they
     asked for, tool results), the guard's verdict (`answered_by`, the model's own answer when
     replaced, the guard's and verifier's findings) and its feedback."""
-    entry_id, run = await find_run(services.redis, caller.reads, trajectory_id, cursor)
-    return detail(entry_id, run, await feedback_of(services.redis, entry_id, trajectory_id))
+    return await run_detail(
+        services.redis, caller.reads, trajectory_id, cursor, services.settings.shards
+    )
 
 
 @router.get(
@@ -190,7 +193,12 @@ async def export_feedback(
     if agent is not None:
         services.runtime.spec(agent)
     lines = export_jsonl(
-        services.redis, sees=caller.sees, agent=agent, since=since, rated_only=rated_only
+        services.redis,
+        sees=caller.sees,
+        agent=agent,
+        since=since,
+        rated_only=rated_only,
+        shards=services.settings.shards,
     )
     first = await anext(lines, None)  # a bad `since` is a 422 here, before the 200 starts
 

@@ -50,8 +50,10 @@ for path, file in PAGES.items():
 async def dashboard(services: ServicesDep, caller: CallerDep) -> dict[str, Any]:
     """The loop at a glance: versions (held-out success, the caller's tenant's live traffic,
     gate), rounds, canary, streams, learner, and what each policy server serves; charts as SVG."""
-    share, tenant = services.settings.canary_share, caller.key.tenant
-    return await asyncio.to_thread(snapshot, services.reader, services.tally, share, tenant)
+    s, tenant = services.settings, caller.key.tenant
+    return await asyncio.to_thread(
+        snapshot, services.reader, services.tally, s.canary_share, tenant, s.shards
+    )
 
 
 @router.get("/v1/report-card", responses=errors(401, 503))

@@ -83,7 +83,7 @@ async def queue(
         services.runtime.spec(agent)
     if reason is not None and reason not in REASONS:
         raise ArloopError(422, f"reason={reason[:40]!r} is not one of {', '.join(REASONS)}")
-    s = scan(services.redis, caller.reads, cursor=cursor)
+    s = scan(services.redis, caller.reads, cursor=cursor, shards=services.settings.shards)
     items = []
     async for entry_id, run, feedback in s.runs():
         why = reasons(run, feedback, sample) if agent in (None, run.agent) else []
@@ -112,7 +112,8 @@ async def submit_review(
     `score`); the run leaves the queue. One review per run (409 for a second)."""
     reviewer = caller.as_reviewer()
     services = caller.services
-    _, run = await find_run(services.redis, caller.reads, trajectory_id, body.cursor)
+    shards = services.settings.shards
+    _, run = await find_run(services.redis, caller.reads, trajectory_id, body.cursor, shards)
     review = Review(
         trajectory_id=run.trajectory_id,
         policy_version=run.policy_version,

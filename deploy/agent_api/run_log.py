@@ -2,9 +2,10 @@
 
 The runs are the `arloop:trajectories` stream's entries (what the trajectory sink wrote,
 PHI-scrubbed when the service scrubs), their feedback the `arloop:feedback` stream's: no
-second store. Pages go newest first, by stream entry id (the cursor). Feedback always comes
-after its run, so the feedback of a batch of runs is read back from the newest feedback down
-to the batch's oldest run, once per request. Every read is bounded: a filter that matches
+second store. With sharded streams, every shard's, merged (`stream_merge`). Pages go newest
+first, by stream entry id (the cursor). Feedback always comes after its run, in its run's
+shard, so the feedback of a batch of runs is read back from the newest feedback of their shard
+down to the batch's oldest run, once per request. Every read is bounded: a filter that matches
 little answers a short page with `next_cursor` rather than scanning the whole stream.
 """
 
@@ -19,17 +20,18 @@ import redis.asyncio as aioredis
 
 from agents.errors import ArloopError
 from agents.events import (
-    STREAM_FEEDBACK,
-    STREAM_TRAJECTORIES,
+    ONE_SHARD,
     AnswerPath,
     FeedbackEvent,
     FeedbackKind,
     ModelStep,
     RunStatus,
+    StreamShards,
     TrajectoryEvent,
     as_text,
 )
-from deploy.agent_api.feedback_log import _decoded, parse_cursor, parse_since
+from deploy.agent_api.feedback_log import _decoded, parse_since
+from deploy.agent_api.stream_merge import Merged, bounds_after, cursor_of, parse_cursor
 
 Reads = Callable[[str], bool]
 """Whether the caller may read a stored user's runs (`deps.Caller.reads`)."""
@@ -91,30 +93,36 @@ def _feedback_matches(wanted: str, feedback: list[FeedbackEvent]) -> bool:
 
 @dataclass
 class FeedbackIndex:
-    """The feedback of recent runs by trajectory id, read newest first down to `floor`."""
+    """The feedback of recent runs by trajectory id, read newest first, each shard down to its
+    floor."""
 
-    floor: str = "+"
-    """The oldest feedback entry id read so far (exclusive next time); `+`: none yet."""
+    shards: StreamShards = ONE_SHARD
+    floors: dict[int, str] = field(default_factory=dict)
+    """Per shard, the oldest feedback entry id read so far (exclusive next time); none yet:
+    absent."""
     by_run: dict[str, list[FeedbackEvent]] = field(default_factory=lambda: defaultdict(list))
     read: int = 0
     partial: bool = False
-    """The cap was met: runs older than `floor` may have feedback not shown."""
+    """The cap was met: runs older than their shard's floor may have feedback not shown."""
 
-    async def down_to(self, client: aioredis.Redis, oldest_run: str) -> None:
-        """Read the feedback newer than `oldest_run` not read yet (bounded)."""
+    async def down_to(self, client: aioredis.Redis, shard: int, oldest_run: str) -> None:
+        """Read the feedback of `shard` newer than `oldest_run` not read yet (bounded)."""
         while not self.partial:
-            top = self.floor if self.floor == "+" else "(" + self.floor
+            floor = self.floors.get(shard)
             batch = await client.xrevrange(
-                STREAM_FEEDBACK, max=top, min=oldest_run, count=FEEDBACK_BATCH
+                self.shards.feedback(shard),
+                max="+" if floor is None else "(" + floor,
+                min=oldest_run,
+                count=FEEDBACK_BATCH,
             )
             for entry_id, fields in batch:
-                self.floor = as_text(entry_id)
+                self.floors[shard] = as_text(entry_id)
                 event = _decoded(fields)
                 if isinstance(event, FeedbackEvent):
                     self.by_run[event.trajectory_id].insert(0, event)  # oldest first
             self.read += len(batch)
             if len(batch) < FEEDBACK_BATCH:
-                self.floor = oldest_run  # everything above it is read
+                self.floors[shard] = oldest_run  # everything above it is read
                 return
             self.partial = self.read >= FEEDBACK_BATCH * FEEDBACK_BATCHES
 
@@ -124,36 +132,31 @@ class FeedbackIndex:
 
 @dataclass
 class Scan:
-    """Runs read newest first from `start`, with their feedback: what one request may read."""
+    """Runs read newest first (by entry id, then shard), with their feedback: what one request
+    may read."""
 
-    client: aioredis.Redis
+    entries: Merged
     reads: Reads
-    top: str = "+"
-    bottom: str = "-"
-    feedback: FeedbackIndex = field(default_factory=FeedbackIndex)
+    feedback: FeedbackIndex
+    shards: StreamShards = ONE_SHARD
     last: str | None = None
-    """The entry id of the last run read (the next page's cursor)."""
+    """The cursor of the last run read (the next page's)."""
     done: bool = False
-    """The stream's bottom (or `since`) was reached."""
+    """Every shard's bottom (or `since`) was reached."""
 
     async def runs(self):
-        """(entry id, run, its feedback) of the runs the caller reads, newest first: at most
-        `RUN_BATCHES` batches."""
-        for _ in range(0 if self.done else RUN_BATCHES):
-            top = self.top if self.last is None else "(" + self.last
-            batch = await self.client.xrevrange(
-                STREAM_TRAJECTORIES, max=top, min=self.bottom, count=RUN_BATCH
-            )
-            if batch:
-                await self.feedback.down_to(self.client, as_text(batch[-1][0]))
-            for entry_id, fields in batch:
-                self.last = as_text(entry_id)
-                run = _decoded(fields)
-                if isinstance(run, TrajectoryEvent) and self.reads(run.user_id):
-                    yield self.last, run, self.feedback.of(run.trajectory_id)
-            if len(batch) < RUN_BATCH:
+        """(cursor, run, its feedback) of the runs the caller reads, newest first: at most
+        `RUN_BATCHES * RUN_BATCH` runs read."""
+        for _ in range(0 if self.done else RUN_BATCHES * RUN_BATCH):
+            entry = await self.entries.next()
+            if entry is None:
                 self.done = True
                 return
+            entry_id, shard, fields = entry
+            self.last = cursor_of(entry_id, shard, self.shards)
+            run = _decoded(fields)
+            if isinstance(run, TrajectoryEvent) and self.reads(run.user_id):
+                yield self.last, run, self.feedback.of(run.trajectory_id)
 
 
 def scan(
@@ -163,16 +166,25 @@ def scan(
     since: str | None = None,
     until: str | None = None,
     cursor: str | None = None,
+    shards: StreamShards = ONE_SHARD,
 ) -> Scan:
-    """A scan from `cursor` (exclusive) or `until` (exclusive) down to `since`."""
-    top = "+"
+    """A scan of every shard from `cursor` (exclusive) or `until` (exclusive) down to `since`."""
+    tops = ["+"] * shards.count
     if cursor is not None:
-        top = parse_cursor(cursor)  # `(<id>`: exclusive
+        tops = bounds_after(cursor, shards)
     elif until is not None:
-        top = "(" + parse_since(until)
-    s = Scan(client, reads, top=top, bottom=parse_since(since))
-    s.done = top == "(0-0"  # nothing is before the first id (and Redis refuses the range)
-    return s
+        tops = ["(" + parse_since(until)] * shards.count
+    feedback = FeedbackIndex(shards)
+    entries = Merged(
+        client,
+        shards.all_trajectories(),
+        tops,
+        parse_since(since),
+        newest_first=True,
+        batch=RUN_BATCH,
+        on_read=lambda shard, oldest: feedback.down_to(client, shard, oldest),
+    )
+    return Scan(entries, reads, feedback, shards)
 
 
 async def runs_page(
@@ -184,10 +196,11 @@ async def runs_page(
     until: str | None,
     cursor: str | None,
     limit: int,
+    shards: StreamShards = ONE_SHARD,
 ) -> dict[str, Any]:
     """Up to `limit` runs the caller reads that `keep` keeps, newest first, and where to go
-    on (`next_cursor`: null at the stream's bottom)."""
-    s = scan(client, reads, since=since, until=until, cursor=cursor)
+    on (`next_cursor`: null at the streams' bottom)."""
+    s = scan(client, reads, since=since, until=until, cursor=cursor, shards=shards)
     items = []
     async for entry_id, run, feedback in s.runs():
         if keep.keeps(run, feedback):
@@ -202,19 +215,25 @@ async def runs_page(
 
 
 async def find_run(
-    client: aioredis.Redis, reads: Reads, trajectory_id: str, cursor: str | None
+    client: aioredis.Redis,
+    reads: Reads,
+    trajectory_id: str,
+    cursor: str | None,
+    shards: StreamShards = ONE_SHARD,
 ) -> tuple[str, TrajectoryEvent]:
-    """(entry id, run): at `cursor` when given (its list item's), else among the newest
-    `RUN_BATCHES * RUN_BATCH` runs; 404 when not there or not the caller's to read."""
+    """(entry id, run), in the run's shard: at `cursor` when given (its list item's), else
+    among its newest `RUN_BATCHES * RUN_BATCH` runs; 404 when not there or not the caller's to
+    read."""
+    stream = shards.trajectories(shards.of(trajectory_id))
     if cursor is not None:
-        at = parse_cursor(cursor)[1:]
-        found = await client.xrange(STREAM_TRAJECTORIES, min=at, max=at, count=1)
+        at, _ = parse_cursor(cursor, shards)
+        found = await client.xrange(stream, min=at, max=at, count=1)
         candidates = [(as_text(i), _decoded(f)) for i, f in found]
     else:
         candidates = []
         top = "+"
         for _ in range(RUN_BATCHES):
-            batch = await client.xrevrange(STREAM_TRAJECTORIES, max=top, count=RUN_BATCH)
+            batch = await client.xrevrange(stream, max=top, count=RUN_BATCH)
             hit = [(as_text(i), f) for i, f in batch if _raw_id(f) == trajectory_id.encode()]
             candidates += [(i, _decoded(f)) for i, f in hit]
             if candidates or len(batch) < RUN_BATCH:
@@ -235,11 +254,21 @@ def _raw_id(fields: dict) -> bytes:
     return value if isinstance(value, bytes) else str(value).encode()
 
 
-async def feedback_of(client: aioredis.Redis, entry_id: str, trajectory_id: str) -> list[dict]:
-    """The feedback on one run, oldest first (read from the run's entry on, bounded)."""
-    index = FeedbackIndex()
-    await index.down_to(client, entry_id)
-    return [feedback_view(f) for f in index.of(trajectory_id)]
+async def run_detail(
+    client: aioredis.Redis,
+    reads: Reads,
+    trajectory_id: str,
+    cursor: str | None,
+    shards: StreamShards = ONE_SHARD,
+) -> dict[str, Any]:
+    """One run whole (`find_run`, `detail`) with its feedback, oldest first (read from the
+    run's entry on in its shard, bounded)."""
+    entry_id, run = await find_run(client, reads, trajectory_id, cursor, shards)
+    shard = shards.of(trajectory_id)
+    index = FeedbackIndex(shards)
+    await index.down_to(client, shard, entry_id)
+    feedback = [feedback_view(f) for f in index.of(trajectory_id)]
+    return detail(cursor_of(entry_id, shard, shards), run, feedback)
 
 
 def feedback_counts(feedback: list[FeedbackEvent]) -> dict[str, Any]:
@@ -253,10 +282,10 @@ def feedback_counts(feedback: list[FeedbackEvent]) -> dict[str, Any]:
     }
 
 
-def summary(entry_id: str, run: TrajectoryEvent, feedback: list[FeedbackEvent]) -> dict:
+def summary(cursor: str, run: TrajectoryEvent, feedback: list[FeedbackEvent]) -> dict:
     """A run as the list shows it: ids, outcome, excerpts, counts."""
     return {
-        "cursor": entry_id,
+        "cursor": cursor,
         "trajectory_id": run.trajectory_id,
         "thread_id": run.thread_id,
         "agent": run.agent,
@@ -274,10 +303,10 @@ def summary(entry_id: str, run: TrajectoryEvent, feedback: list[FeedbackEvent]) 
     }
 
 
-def detail(entry_id: str, run: TrajectoryEvent, feedback: list[dict]) -> dict:
+def detail(cursor: str, run: TrajectoryEvent, feedback: list[dict]) -> dict:
     """A run whole, as stored (scrubbed): its steps, the guard's verdict, its feedback."""
     return {
-        "cursor": entry_id,
+        "cursor": cursor,
         "trajectory_id": run.trajectory_id,
         "thread_id": run.thread_id,
         "agent": run.agent,

@@ -15,6 +15,7 @@ from pydantic import (
 )
 
 from agents.events import MAX_SCORE, SCORE_KEY_PATTERN
+from deploy.agent_api.stream_merge import CURSOR
 
 UserId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.@+-]{1,128}$")]
 ThreadId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.-]{1,128}$")]
@@ -233,7 +234,7 @@ class ReviewRequest(_Body):
     cursor: str | None = Field(
         None,
         max_length=48,
-        pattern=r"^\d{1,19}-\d{1,19}$",
+        pattern=CURSOR,
         description="The run's list item's `cursor` (finds it at once).",
     )
 

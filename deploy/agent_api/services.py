@@ -72,6 +72,7 @@ def open_services(
         memory_max_items=settings.memory_max_items,
         memory_ttl_s=settings.memory_ttl_s,
         stream_max_entries=settings.stream_max_entries,
+        shards=settings.shards,
         rng=rng,
         durability=settings.checkpoint_durability,
     )
@@ -83,6 +84,7 @@ def open_services(
         score_rule or score_rule_of([]),
         scores_per_run=settings.feedback_scores_per_run,
         max_entries=settings.stream_max_entries,
+        shards=settings.shards,
     )
     from deploy.agent_api.external_runs import ExternalRuns  # it imports deps, which imports us
 
@@ -94,6 +96,7 @@ def open_services(
         canary_share=settings.canary_share if settings.policy_config().versions_routed else 0.0,
         lock_s=settings.thread_lock_s,
         max_entries=settings.stream_max_entries,
+        shards=settings.shards,
         rng=rng,
         scrub_prompts=settings.chat_scrub_prompts,
     )
@@ -107,7 +110,7 @@ def open_services(
         metrics,
         reader,
         user_key=settings.pseudonym_key(),
-        tally=Tally({key.tenant for key in settings.api_keys}),
+        tally=Tally({key.tenant for key in settings.api_keys}, shards=settings.shards),
         runs=runs,
     )
 

@@ -2,11 +2,11 @@
 tenant and in bounded memory.
 
 `Tally.refresh` reads only what was added since its last call (XRANGE after a cursor per
-stream, `BATCH` entries at a time, at most `max_entries` a call), so a dashboard polling every
-few seconds costs little and a poll holds at most `BATCH` entries at once. Each agent API
-process keeps its own tally from the start of the streams (what retention has left). Feedback
-carries the version that answered (from its signed token), so the per-version figures need no
-join.
+stream, every shard's, `BATCH` entries at a time, at most `max_entries` a stream and call), so
+a dashboard polling every few seconds costs little and a poll holds at most `BATCH` entries at
+once. Each agent API process keeps its own tally from the start of the streams (what
+retention has left). Feedback carries the version that answered (from its signed token), so the
+per-version figures need no join.
 
 Whose figures: a run and its feedback count for the tenant of their stored user
 (`deploy.credentials.tenant_of`); only the tenants of the API's keys are kept, and a caller is
@@ -36,12 +36,12 @@ from typing import Any, Generic, TypeVar
 import redis
 
 from agents.events import (
+    ONE_SHARD,
     STREAM_EVAL_TRAJECTORIES,
-    STREAM_FEEDBACK,
-    STREAM_TRAJECTORIES,
     EventDecodeError,
     FeedbackEvent,
     FeedbackKind,
+    StreamShards,
     TrajectoryEvent,
     as_text,
     decode,
@@ -227,14 +227,15 @@ class Tally:
         tenants: Collection[str] = (DEFAULT_TENANT,),
         max_entries: int = 50_000,
         rated_window: int = RATED_WINDOW,
+        shards: StreamShards = ONE_SHARD,
     ) -> None:
         self.max_entries = max_entries
         self.tenants = {t: TenantFigures() for t in tenants}
         self.stress: Recent[tuple[str, str], CardCounts] = Recent(MAX_CARDS, CardCounts)
         self.rated = RecentIds(rated_window)
-        self._cursor = {
-            s: "-" for s in (STREAM_TRAJECTORIES, STREAM_FEEDBACK, STREAM_EVAL_TRAJECTORIES)
-        }
+        self._runs = shards.all_trajectories()  # live runs; the eval stream's are stress cases
+        streams = (*self._runs, *shards.all_feedback(), STREAM_EVAL_TRAJECTORIES)
+        self._cursor = dict.fromkeys(streams, "-")
         self._lock = threading.Lock()
 
     def refresh(self, client: redis.Redis) -> None:
@@ -270,7 +271,7 @@ class Tally:
             self.stress.touch(key).add(event)
             return
         mine = self.tenants.get(tenant_of(event.user_id))
-        if stream == STREAM_TRAJECTORIES and mine is not None:
+        if stream in self._runs and mine is not None:
             mine.versions.touch(event.policy_version).runs += 1
             mine.cards.touch(key).add(event)
 

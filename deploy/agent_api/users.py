@@ -29,5 +29,5 @@ async def forget(
     key_rate = caller.rate_per_minute(services.settings.key_rate_per_minute)
     # an erasure scans the streams: a few a minute per user, the key's rate for all its users
     await services.limiter.hit("erasures", stored, 6, credential=(caller.key.name, key_rate))
-    erased = await forget_user(services.redis, stored)
+    erased = await forget_user(services.redis, stored, services.settings.shards)
     return ErasedView(user_id=user_id, **erased.view())

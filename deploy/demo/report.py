@@ -20,11 +20,13 @@ from typing import Any
 import redis
 
 from agents.events import (
+    ONE_SHARD,
     STREAM_EVAL_TRAJECTORIES,
-    STREAM_FEEDBACK,
-    STREAM_TRAJECTORIES,
+    STREAM_SHARDS_KEY,
     FeedbackEvent,
+    StreamShards,
     TrajectoryEvent,
+    as_text,
     decode,
 )
 from agents.packs.base import Pack
@@ -124,15 +126,34 @@ def eval_outcomes(
     return out
 
 
+def logged_shards(client: redis.Redis) -> StreamShards:
+    """The shards the demo's processes laid the streams out in (each claims the count in
+    `STREAM_SHARDS_KEY` at its start; none there: one)."""
+    stored = client.get(STREAM_SHARDS_KEY)
+    return ONE_SHARD if stored is None else StreamShards(int(as_text(stored)))
+
+
 def build_report(
     client: redis.Redis, pack: Pack, improvement: dict[str, Any] | None = None
 ) -> Report:
-    """Every figure of the report, from Redis and the registry; `improvement` is the final
-    champion against v0 (`final_comparison`), None when there was no other champion."""
+    """Every figure of the report, from Redis (every shard's streams) and the registry;
+    `improvement` is the final champion against v0 (`final_comparison`), None when there was no
+    other champion."""
+    shards = logged_shards(client)
     registry = PolicyRegistry(client)
     evals = eval_outcomes(client, pack)
-    runs = [t for t in read_stream(client, STREAM_TRAJECTORIES) if isinstance(t, TrajectoryEvent)]
-    feedback = [f for f in read_stream(client, STREAM_FEEDBACK) if isinstance(f, FeedbackEvent)]
+    runs = [
+        t
+        for stream in shards.all_trajectories()
+        for t in read_stream(client, stream)
+        if isinstance(t, TrajectoryEvent)
+    ]
+    feedback = [
+        f
+        for stream in shards.all_feedback()
+        for f in read_stream(client, stream)
+        if isinstance(f, FeedbackEvent)
+    ]
     by_run: dict[str, list[FeedbackEvent]] = defaultdict(list)
     for f in feedback:
         by_run[f.trajectory_id].append(f)

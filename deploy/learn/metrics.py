@@ -26,7 +26,7 @@ from prometheus_client import (
     generate_latest,
 )
 
-from agents.events import LEARNER_STATUS
+from agents.events import LEARNER_STATUS, ONE_SHARD, StreamShards
 from deploy.stream_stats import all_stats
 
 log = logging.getLogger("arloop.learner")
@@ -122,8 +122,15 @@ def _g(suffix: str, doc: str, registry: CollectorRegistry) -> Gauge:
 class LearnerTelemetry:
     """The metrics, and the status JSON the learner keeps in Redis for the dashboard."""
 
-    def __init__(self, client: redis.Redis, consumer: str, interval_s: float) -> None:
+    def __init__(
+        self,
+        client: redis.Redis,
+        consumer: str,
+        interval_s: float,
+        shards: StreamShards = ONE_SHARD,
+    ) -> None:
         self.client, self.consumer, self.interval_s = client, consumer, interval_s
+        self.shards = shards  # every shard's streams are reported
         self.metrics = LearnerMetrics()
         self.last_round: dict[str, Any] | None = None
         self.canary: dict[str, Any] | None = None
@@ -169,7 +176,7 @@ class LearnerTelemetry:
         if not force and now < self._next:
             return
         self._next = now + self.interval_s
-        stats = all_stats(self.client)
+        stats = all_stats(self.client, self.shards)
         self.metrics.observe_streams(stats)
         for s in stats["streams"]:  # said once per gap, not at every refresh while it lasts
             trimmed = s.get("trimmed_unread")

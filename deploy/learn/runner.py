@@ -56,6 +56,7 @@ class Learner:
         self.redis_url = ensure_redis(settings.redis_url, settings.data_dir)
         redis_conn.check_mode(settings.redis_url, settings)
         self.redis = settings.redis_client(self.redis_url)
+        redis_conn.claim_shards(self.redis, settings.shards)
         migrate_legacy_keys(self.redis)  # a registry from before the hash tags (plain Redis)
         self.store = Store(Path(settings.data_dir) / "learner" / "store.db")
         self.trackers = Trackers(settings.report_to, Path(settings.data_dir))  # ARLOOP_REPORT_TO
@@ -69,6 +70,7 @@ class Learner:
             claim_idle_ms=settings.claim_idle_ms,
             block_ms=settings.read_block_ms,
             count=settings.read_count,
+            shards=settings.shards,
         )
         self.plan = round_plan(settings)
         self.team = None
@@ -76,7 +78,9 @@ class Learner:
             timeout = settings.collective_timeout_s
             self.team = Team(world, timeout, self._lost_peer, self.console.print)
             self.plan = dataclasses.replace(self.plan, make_trainer=self.team.make_trainer)
-        self.telemetry = LearnerTelemetry(self.redis, settings.consumer, settings.status_interval_s)
+        self.telemetry = LearnerTelemetry(
+            self.redis, settings.consumer, settings.status_interval_s, shards=settings.shards
+        )
         self.telemetry.check_champion = self.champion_problem
         self.release = None
         if settings.gate_packs():

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from agents.events import LEARNER_GROUP, STREAM_FEEDBACK
-from deploy.stream_stats import stream_stats
+from agents.events import LEARNER_GROUP, STREAM_FEEDBACK, StreamShards
+from deploy.stream_stats import all_stats, stream_stats
 
 
 def redis_major(client) -> int:
@@ -38,3 +38,19 @@ def test_trimming_only_what_the_learner_read_counts_nothing(redis_client):
     redis_client.xtrim(STREAM_FEEDBACK, maxlen=4, approximate=False)
     expected = 0 if redis_major(redis_client) >= 7 else None
     assert stream_stats(redis_client, STREAM_FEEDBACK).trimmed_unread == expected
+
+
+def test_every_shards_streams_and_dead_letters_are_counted(redis_client):
+    shards = StreamShards(3)
+    for k in range(3):
+        for n in range(k + 1):
+            redis_client.xadd(shards.trajectories(k), {"n": n})
+        redis_client.xadd(shards.dead(k), {"reason": "poison"})
+    redis_client.xadd(shards.feedback(2), {"n": 0})
+    stats = all_stats(redis_client, shards)
+    lengths = {s["stream"]: s["length"] for s in stats["streams"]}
+    assert lengths == {
+        **dict(zip(shards.all_trajectories(), (1, 2, 3), strict=True)),
+        **dict(zip(shards.all_feedback(), (0, 0, 1), strict=True)),
+    }
+    assert stats["dead_letters"] == 3

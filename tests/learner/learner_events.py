@@ -8,11 +8,11 @@ import time
 import redis
 
 from agents.events import (
-    STREAM_FEEDBACK,
-    STREAM_TRAJECTORIES,
+    ONE_SHARD,
     FeedbackEvent,
     FeedbackKind,
     ModelStep,
+    StreamShards,
     ToolStep,
     TrajectoryEvent,
     encode,
@@ -133,9 +133,13 @@ def feedback(
     )
 
 
-def xadd(client: redis.Redis, event: TrajectoryEvent | FeedbackEvent) -> str:
-    """XADD the event to its stream exactly as the serving side does."""
-    return client.xadd(_stream(event), encode(event)).decode()
+def xadd(
+    client: redis.Redis,
+    event: TrajectoryEvent | FeedbackEvent,
+    shards: StreamShards = ONE_SHARD,
+) -> str:
+    """XADD the event to its stream (its run's shard) exactly as the serving side does."""
+    return client.xadd(_stream(event, shards), encode(event)).decode()
 
 
 def xadd_all(client: redis.Redis, events: list[TrajectoryEvent | FeedbackEvent]) -> None:
@@ -147,5 +151,8 @@ def xadd_all(client: redis.Redis, events: list[TrajectoryEvent | FeedbackEvent])
         pipe.execute()
 
 
-def _stream(event: TrajectoryEvent | FeedbackEvent) -> str:
-    return STREAM_TRAJECTORIES if isinstance(event, TrajectoryEvent) else STREAM_FEEDBACK
+def _stream(event: TrajectoryEvent | FeedbackEvent, shards: StreamShards = ONE_SHARD) -> str:
+    shard = shards.of(event.trajectory_id)
+    if isinstance(event, TrajectoryEvent):
+        return shards.trajectories(shard)
+    return shards.feedback(shard)

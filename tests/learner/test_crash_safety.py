@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from agents.events import LEARNER_GROUP, STREAM_FEEDBACK, STREAM_TRAJECTORIES
+from agents.events import LEARNER_GROUP, ONE_SHARD, StreamShards
 from deploy.learn.runner import Learner
 from deploy.learn.settings import LearnerSettings
 from learner.policy.registry import CHAMPION, PolicyRegistry
@@ -74,21 +74,21 @@ def _settings(redis_url: str, data_dir: Path) -> LearnerSettings:
     )
 
 
-def _seed(redis_client, n: int = 4) -> list[str]:
+def _seed(redis_client, n: int = 4, shards: StreamShards = ONE_SHARD) -> list[str]:
     ids = []
     for i in range(n):
         t = trajectory(answer="#### 42" if i % 2 else "#### 40", logprobs=True, user=f"u{i}")
         f = feedback(t.event_id, "thumbs", 1 if i % 2 else -1, user=f"u{i}")
         for e in (t, f):
-            xadd(redis_client, e)
+            xadd(redis_client, e, shards)
             ids.append(e.event_id)
     return ids
 
 
-def _pending(redis_client) -> int:
+def _pending(redis_client, shards: StreamShards = ONE_SHARD) -> int:
     return sum(
         redis_client.xpending(s, LEARNER_GROUP)["pending"]
-        for s in (STREAM_TRAJECTORIES, STREAM_FEEDBACK)
+        for s in shards.all_trajectories() + shards.all_feedback()
     )
 
 

@@ -8,7 +8,13 @@ from __future__ import annotations
 import pytest
 from redis.cluster import RedisCluster
 
-from agents.events import LEARNER_GROUP, STREAM_DEAD, STREAM_FEEDBACK, STREAM_TRAJECTORIES
+from agents.events import (
+    LEARNER_GROUP,
+    STREAM_DEAD,
+    STREAM_FEEDBACK,
+    STREAM_TRAJECTORIES,
+    StreamShards,
+)
 from learner.store import Store
 from learner.trajectory_source import TrajectorySource
 from tests.learner.learner_events import feedback, trajectory, xadd
@@ -82,3 +88,25 @@ def test_a_bad_entry_goes_to_the_dead_letter_stream(cluster, store):
     [(_, fields)] = cluster.xrange(STREAM_DEAD)
     assert fields[b"dead_stream"] == STREAM_FEEDBACK.encode() and source.pending() == 0
     assert store.counts() == {"trajectories/open": 1}
+
+
+def test_every_shard_is_read_once_and_a_dead_letter_stays_in_its_shard(cluster, store):
+    shards = StreamShards(3)
+    source = _source(cluster, store, shards=shards)
+    runs = [trajectory(with_ids=False) for _ in range(9)]
+    for t in runs:
+        xadd(cluster, t, shards)
+        xadd(cluster, feedback(t.event_id), shards)
+    assert all(cluster.exists(s) for s in shards.all_trajectories())  # the runs spread
+    bad = shards.feedback(2)
+    cluster.xadd(bad, {"foo": "bar"})
+    results = _drain(source)
+    assert sum(r.new for r in results) == 18 and source.pending() == 0
+    assert store.counts() == {"trajectories/open": 9, "feedback/open": 9}
+    [dead] = [d for r in results for d in r.dead]
+    assert dead.stream == bad and cluster.xlen(shards.dead(2)) == 1
+    assert not any(cluster.exists(s) for s in (shards.dead(0), shards.dead(1), STREAM_DEAD))
+    trimmed = source.trim()
+    assert sum(trimmed.values()) == 19 and set(trimmed) <= set(source.streams)
+    again = _source(cluster, store, "learner-2", shards=shards)
+    assert sum(r.read for r in _drain(again)) == 0  # nothing delivered twice

@@ -7,7 +7,13 @@ from __future__ import annotations
 
 from redis.cluster import RedisCluster
 
-from agents.events import STREAM_FEEDBACK, STREAM_TRAJECTORIES, decode
+from agents.events import (
+    STREAM_FEEDBACK,
+    STREAM_SHARDS_KEY,
+    STREAM_TRAJECTORIES,
+    StreamShards,
+    decode,
+)
 from tests.fakes.scripted_llm import Reply
 
 
@@ -87,3 +93,40 @@ def test_a_teams_run_over_chat_completions_on_a_cluster(start_api, llm, cluster_
     with RedisCluster.from_url(cluster_url) as c:
         [event] = [decode(f) for _, f in c.xrange(STREAM_TRAJECTORIES)]
     assert event.trajectory_id == trajectory_id and len(event.model_steps) == 2
+
+
+def test_sharded_streams_put_each_run_and_its_feedback_in_its_shard(start_api, llm, cluster_url):
+    shards = StreamShards(3)
+    api = start_api(redis_url=cluster_url, redis_cluster=True, stream_shards=3)
+    assert api.http.get("/healthz").status_code == 200
+    runs = []
+    for i in range(9):
+        llm.push(Reply(content=f"{i}"))
+        runs.append(api.run(f"What is {i}+2?", user=f"u{i % 3}").json())
+        up = api.feedback(
+            trajectory_id=runs[-1]["trajectory_id"],
+            feedback_token=runs[-1]["feedback_token"],
+            kind="thumbs",
+            value=1,
+        )
+        assert up.status_code == 202, up.text
+    with RedisCluster.from_url(cluster_url) as client:
+        shard_of = {}
+        for k in range(3):
+            for stream in (shards.trajectories(k), shards.feedback(k)):
+                for _, fields in client.xrange(stream):
+                    shard_of.setdefault(decode(fields).trajectory_id, set()).add(k)
+        assert not client.exists(STREAM_TRAJECTORIES) and not client.exists(STREAM_FEEDBACK)
+        assert client.get(STREAM_SHARDS_KEY) == b"3"  # recorded for the next process to check
+    assert set(shard_of) == {r["trajectory_id"] for r in runs}
+    assert all(ks == {shards.of(run)} for run, ks in shard_of.items())  # run + feedback: one
+    assert len({shards.of(run) for run in shard_of}) > 1  # and the runs spread
+
+
+def test_healthz_is_not_ready_on_streams_sharded_another_way(start_api, cluster_url):
+    with RedisCluster.from_url(cluster_url) as client:
+        client.set(STREAM_SHARDS_KEY, 1)  # a service with one shard started first
+    api = start_api(redis_url=cluster_url, redis_cluster=True, stream_shards=3)
+    health = api.http.get("/healthz")
+    assert health.status_code == 503, health.text
+    assert "ARLOOP_STREAM_SHARDS=3, but this Redis's streams are split into 1" in health.text

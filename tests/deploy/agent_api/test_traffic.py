@@ -12,6 +12,7 @@ from agents.events import (
     FeedbackEvent,
     FeedbackKind,
     ModelStep,
+    StreamShards,
     TrajectoryEvent,
     encode,
     new_id,
@@ -205,3 +206,19 @@ def test_one_poll_holds_a_batch_not_all_it_reads(redis_client):
         tracemalloc.stop()
     assert tally.traffic()["v1"]["runs"] == 2000
     assert peak < 4_000_000, peak
+
+
+def test_every_shards_runs_and_feedback_are_counted(redis_client):
+    shards = StreamShards(3)
+    for i in range(12):
+        t = trajectory("u_aaaa")
+        shard = shards.of(t.trajectory_id)
+        redis_client.xadd(shards.trajectories(shard), encode(t))
+        thumbs = feedback(t, FeedbackKind.THUMBS, 1 if i % 3 else -1)
+        redis_client.xadd(shards.feedback(shard), encode(thumbs))
+    tally = Tally(shards=shards)
+    tally.refresh(redis_client)
+    shown = tally.traffic()["v1"]
+    got = [shown[k] for k in ("runs", "rated", "feedback", "thumbs_up", "thumbs_down")]
+    assert got == [12, 12, 12, 8, 4]
+    assert tally.report_card()[0]["runs"] == 12

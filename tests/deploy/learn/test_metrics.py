@@ -14,6 +14,7 @@ from agents.events import (
     STREAM_DEAD,
     STREAM_FEEDBACK,
     STREAM_TRAJECTORIES,
+    StreamShards,
 )
 from deploy.embedded_redis import free_port
 from deploy.learn.metrics import LearnerTelemetry, serve_metrics
@@ -96,3 +97,22 @@ def test_entries_retention_dropped_unread_are_a_gauge_and_one_warning(redis_clie
     assert len(warned) == 1 and "6 entries" in warned[0].getMessage()  # 11 added, 1 read, 4 kept
     rendered = telemetry.metrics.render().decode()
     assert f'arloop_learner_trimmed_unread{{stream="{STREAM_FEEDBACK}"}} 6.0' in rendered
+
+
+def test_the_status_and_gauges_take_in_every_shard(redis_client):
+    shards = StreamShards(3)
+    for k in range(3):
+        redis_client.xadd(shards.trajectories(k), {"n": k})
+        redis_client.xadd(shards.dead(k), {"reason": "poison"})
+    telemetry = LearnerTelemetry(redis_client, "learner", interval_s=60, shards=shards)
+    telemetry.refresh(force=True)
+    status = json.loads(redis_client.get(LEARNER_STATUS))
+    lag = {s["stream"]: s["lag"] for s in status["streams"]}
+    assert lag == {
+        **dict.fromkeys(shards.all_trajectories(), 1),
+        **dict.fromkeys(shards.all_feedback(), 0),
+    }
+    assert status["dead_letters"] == 3
+    rendered = telemetry.metrics.render().decode()
+    assert f'arloop_learner_stream_lag{{stream="{shards.trajectories(2)}"}} 1.0' in rendered
+    assert "arloop_learner_dead_letters 3.0" in rendered
