@@ -75,7 +75,10 @@ def _wait(what, timeout: float, why: str) -> None:
 
 def start_cluster(directory: Path) -> Cluster:
     """Start three cluster-enabled servers and join them (TimeoutError, OSError when it cannot)."""
-    cluster = Cluster([_free_port() for _ in range(3)])
+    ports: set[int] = set()
+    while len(ports) < 3:  # a port is free until its server binds it: ask until three differ
+        ports.add(_free_port())
+    cluster = Cluster(sorted(ports))
     try:
         for port in cluster.ports:
             args = [str(SERVER), "--port", str(port), "--bind", "127.0.0.1"]
