@@ -37,6 +37,13 @@ paired difference gives each gain with its 95% interval (`learner.gate.sequentia
 The tutor's whole loop replayed greedily (each call line run through the real calculator, up
 to the agent's 3 model calls, the pack's verifier on the last reply) is printed beside it.
 
+Rounds: `--rounds R` (default 1) runs R rounds of each arm, a continuously trained agent:
+arloop's demo with R rounds of E visits, each round's problems drawn as the demo draws them
+(`round_tasks`), its final champion judged (what its users get; the base when the gate released
+nothing); TRL's GRPO on the same problems, round by round, each round continuing from its own
+previous result (the previous LoRA merged, a new one of the same shape on top), E rewards a
+round, R x E in all.
+
 Runs: `--draws 3 --seeds 2` (default) cross three draws of training problems with two seeds
 (the users' sampling and noise for arloop, TRL's own seed); the summary gives each run's gain
 over the base and the mean gain over runs with a t interval (the spread of training).
@@ -48,14 +55,13 @@ model's own answers (before any envelope), whatever it shows.
 
 Usage: .venv/bin/python bench/bench_tutoring_learning.py [--episodes 48] [--group 4]
        [--model smollm2|tiny] [--draws 3] [--seeds 2] [--samples 8] [--held-out 120]
-       [--threads N] [--reuse DATA_DIR] [--medical]
+       [--rounds 1] [--threads N] [--reuse DATA_DIR] [--medical]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import random
 import statistics
 import tempfile
 import time
@@ -95,10 +101,9 @@ from agents.packs.base import Task
 from agents.packs.tutoring import tutoring_pack
 from deploy.demo import run as demo
 from deploy.demo.report import eval_outcomes
-from deploy.demo.visits import visit_tasks
 from deploy.settings import ModelSettings
 from learner.policy.models import apply_lora, load_base
-from learner.policy.registry import PolicyRegistry
+from learner.policy.registry import CHAMPION, PolicyRegistry
 from learner.train_step import TrainConfig
 
 MODEL_CACHE = ModelSettings().model_cache  # ARLOOP_MODEL_CACHE, as the processes read it
@@ -123,6 +128,8 @@ def arloop_arm(opts: demo.DemoOptions) -> tuple[demo.Report, dict, float]:
         gate.update(eval_outcomes(client, pack))
         versions = {v.version: v for v in PolicyRegistry(client).versions()}
         gate["metrics"] = dict(versions["v1"].metrics) if "v1" in versions else {}
+        gate["all_metrics"] = {v: dict(r.metrics) for v, r in versions.items() if r.metrics}
+        gate["champion"] = PolicyRegistry(client).aliases().get(CHAMPION, "v0")
         gate["reports"] = {v: r.report for v, r in versions.items() if r.report}
         gate["feedback"] = client.xlen(STREAM_FEEDBACK)
         return build(client, pack, improvement)
@@ -139,8 +146,11 @@ def arloop_arm(opts: demo.DemoOptions) -> tuple[demo.Report, dict, float]:
 # -- arm 2: TRL's GRPOTrainer ---------------------------------------------------------------------
 
 
-def trl_arm(opts: demo.DemoOptions, train: list[Task], tokenizer) -> tuple[torch.nn.Module, dict]:
-    """(merged policy after TRL's GRPO on exactly `opts.episodes` rewards, figures)."""
+def trl_arm(
+    opts: demo.DemoOptions, train: list[Task], tokenizer, model: torch.nn.Module | None = None
+) -> tuple[torch.nn.Module, dict]:
+    """(merged policy after TRL's GRPO on exactly `opts.episodes` rewards, figures); from
+    `model` (a previous round's merged result) when given, else from the base."""
     from datasets import Dataset
     from trl import GRPOTrainer
 
@@ -178,7 +188,8 @@ def trl_arm(opts: demo.DemoOptions, train: list[Task], tokenizer) -> tuple[torch
         seed=opts.seed,
     )
     peft_config = lora_config(LORA)
-    model, _ = load_base(opts.model, cache_dir=MODEL_CACHE)
+    if model is None:
+        model, _ = load_base(opts.model, cache_dir=MODEL_CACHE)
     trainer = GRPOTrainer(
         model=model,
         reward_funcs=reward,
@@ -203,12 +214,13 @@ def trl_arm(opts: demo.DemoOptions, train: list[Task], tokenizer) -> tuple[torch
 
 def _options(a: argparse.Namespace, work: Path) -> demo.DemoOptions:
     opts = demo.DemoOptions(
-        rounds=1, model=a.model, data_dir=work / "data", report_dir=work / "reports"
+        rounds=a.rounds, model=a.model, data_dir=work / "data", report_dir=work / "reports"
     )
     opts = demo.quick(opts) if a.model == "tiny" else opts  # the tiny model's completion cap
     # a round's training and gate can take well over the demo's 15 minutes on a busy machine
     return replace(
         opts,
+        rounds=a.rounds,  # after `quick`, which sets its own
         episodes=a.episodes,
         group=a.group,
         phase_timeout_s=3600.0,
@@ -224,13 +236,12 @@ def one_run(a: argparse.Namespace, draw: int, seed: int, base_seen: dict) -> dic
     work = Path(tempfile.mkdtemp(prefix="arloop-bench-tutoring-"))
     opts = replace(_options(a, work), seed=seed, draw=draw)
     pack = tutoring_pack("templates", opts.eval_size)
-    train = visit_tasks(
-        pack.tasks("train"), opts.episodes // opts.group, opts.group, random.Random(f"{draw}/1")
-    )  # the demo's round 1: the draw picks the problems
+    rounds = [demo.round_tasks(opts, pack, r) for r in range(1, opts.rounds + 1)]
     evals = held_out_tasks(pack, a.held_out)
     print(
-        f"\n=== draw {draw}, seed {seed}: model {opts.model}; budget {opts.episodes} human "
-        f"feedback visits ({opts.episodes // opts.group} problems x {opts.group}); "
+        f"\n=== draw {draw}, seed {seed}: model {opts.model}; {opts.rounds} round(s), each "
+        f"{opts.episodes} human feedback visits ({opts.episodes // opts.group} problems x "
+        f"{opts.group}); "
         f"{len(evals)} held-out x {a.samples} samples at T {opts.temperature}; lr "
         f"{opts.learning_rate}, KL {opts.kl_coef}, max_tokens {opts.max_tokens}; torch "
         f"{torch.__version__}, {torch.get_num_threads()} threads in-process; work dir {work}"
@@ -238,13 +249,20 @@ def one_run(a: argparse.Namespace, draw: int, seed: int, base_seen: dict) -> dic
     report, gate, arloop_s = arloop_arm(opts) if a.reuse is None else (None, {}, 0.0)
     data_dir = a.reuse or opts.data_dir
     _, tokenizer = load_base(opts.model, cache_dir=MODEL_CACHE)
-    trl_model, trl = trl_arm(opts, train, tokenizer)
+    trl_model, trl = None, {"seconds": 0.0, "rewards": 0, "steps": 0}
+    for r, train in enumerate(rounds, 1):  # each round on from the last, its seed its own
+        trl_model, figures = trl_arm(
+            replace(opts, seed=seed + 1000 * (r - 1)), train, tokenizer, trl_model
+        )
+        trl = {k: trl[k] + figures[k] for k in trl}
+    final = gate.get("champion", "v1") if opts.rounds > 1 else "v1"
 
     t = time.perf_counter()
-    policies = {
-        "arloop v1": apply_lora(
-            load_base(opts.model, cache_dir=MODEL_CACHE)[0], data_dir / "checkpoints/v1"
-        ),
+    base_model = load_base(opts.model, cache_dir=MODEL_CACHE)[0]
+    policies = {  # arloop's final champion: the base when the gate released nothing
+        "arloop v1": base_model
+        if final == "v0"
+        else apply_lora(base_model, data_dir / f"checkpoints/{final}"),
         "TRL GRPO": trl_model,
     }
     if not base_seen:  # the base's outcomes depend on neither draw nor seed: measured once
@@ -264,7 +282,10 @@ def one_run(a: argparse.Namespace, draw: int, seed: int, base_seen: dict) -> dic
     gap = gain(outcomes["TRL GRPO"], outcomes["arloop v1"])
     print(f"\nheld-out, the gate's sampled first-turn form ({len(evals)} x {a.samples}):")
     print(f"{'policy':11s} {'rewards':>8s} {'success':>8s}   gain over base (95%)   loop replayed")
-    budget = {"base (v0)": "-", "arloop v1": str(opts.episodes), "TRL GRPO": str(trl["rewards"])}
+    if opts.rounds > 1:
+        print(f"(arloop's row is its final champion after {opts.rounds} rounds: {final})")
+    human_budget = opts.episodes * opts.rounds
+    budget = {"base (v0)": "-", "arloop v1": str(human_budget), "TRL GRPO": str(trl["rewards"])}
     for name in budget:  # base, arloop, TRL
         rate = statistics.fmean(statistics.fmean(row) for row in outcomes[name])
         shown = fmt_gain(gains[name]) if name in gains else "-"
@@ -282,17 +303,20 @@ def one_run(a: argparse.Namespace, draw: int, seed: int, base_seen: dict) -> dic
             print(f"gate verdict on v1: {v1.verdict}: {v1.reason}")
 
     m = gate.get("metrics", {})
-    evaluations = m.get("reward_sources/verified", 0.0)
+    every = gate.get("all_metrics", {}).values()  # each round's version, released or not
+    evaluations = sum(v.get("reward_sources/verified", 0.0) for v in every) or m.get(
+        "reward_sources/verified", 0.0
+    )
     human = gate.get("feedback", 0)
     secs = report.seconds if report else {}
     shown = f"{arloop_s:.0f} s" if report else "reused, not timed"
     print(
-        f"wall: arloop demo round {shown} (traffic {secs.get('traffic', 0):.0f}, learn+gate "
+        f"wall: arloop demo, {opts.rounds} round(s), {shown} (traffic {secs.get('traffic', 0):.0f}, learn+gate "
         f"{secs.get('learn+gate', 0):.0f}); TRL train() {trl['seconds']:.0f} s "
         f"({trl['steps']} steps); in-process eval {eval_s:.0f} s"
     )
     print(
-        f"arloop's round: {human} human feedback events; labels {m.get('labels', 0):.0f} "
+        f"arloop's rounds: {human} human feedback events; v1's labels {m.get('labels', 0):.0f} "
         f"(replayed {m.get('labels/replayed', 0):.0f}); {evaluations:.0f} verified reward "
         f"evaluations ({evaluations / human if human else 0:.1f} per human event); sub-rounds "
         f"solved {pct(m.get('subround/solved_first'))} -> {pct(m.get('subround/solved_last'))}"
@@ -300,6 +324,15 @@ def one_run(a: argparse.Namespace, draw: int, seed: int, base_seen: dict) -> dic
         f"AUROC {m.get('reward_model/auroc', float('nan')):.2f}; learner peak RSS "
         f"{m.get('memory/peak_rss_mb', float('nan')):.0f} MiB"
     )
+    verdicts = {v: (r or {}).get("verdict", "-") for v, r in gate.get("reports", {}).items()}
+    for version, vm in sorted(gate.get("all_metrics", {}).items()) if opts.rounds > 1 else ():
+        print(
+            f"  {version} ({verdicts.get(version, '-')}): labels {vm.get('labels', 0):.0f}, "
+            f"verified evaluations {vm.get('reward_sources/verified', 0):.0f}, KTO answers "
+            f"{vm.get('reward_sources/kto_judged', 0):.0f}, reward-model scored "
+            f"{vm.get('reward_sources/reward_model', 0):.0f} (AUROC "
+            f"{vm.get('reward_model/auroc', float('nan')):.2f})"
+        )
     return {
         "draw": draw,
         "seed": seed,
@@ -360,6 +393,7 @@ def main() -> None:
     ap.add_argument("--draws", type=int, default=3, help="draws of training problems")
     ap.add_argument("--seeds", type=int, default=2, help="seeds per draw (both arms)")
     ap.add_argument("--first-seed", type=int, default=0)
+    ap.add_argument("--rounds", type=int, default=1, help="rounds of each arm (E visits each)")
     ap.add_argument(
         "--threads",
         type=int,

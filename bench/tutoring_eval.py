@@ -229,8 +229,8 @@ def summary(results: list[dict]) -> None:
         f"arloop vs TRL: ahead in {ahead}, behind in {behind}, no detectable difference in "
         f"{len(results) - ahead - behind}; verified reward evaluations per human event "
         f"(arloop): {statistics.fmean(r['per_human'] for r in results):.1f}; wall per run: "
-        f"arloop {statistics.fmean(r['arloop_s'] for r in results):.0f} s (the demo round incl. "
-        f"its gate), TRL train() {statistics.fmean(r['trl_s'] for r in results):.0f} s"
+        f"arloop {statistics.fmean(r['arloop_s'] for r in results):.0f} s (the demo's rounds incl. "
+        f"their gates), TRL train() {statistics.fmean(r['trl_s'] for r in results):.0f} s"
     )
 
 
