@@ -359,7 +359,8 @@ class AgentApiSettings(PolicyEndpointSettings):
     """Runs (and, apart, feedback) the streams keep (XADD MAXLEN ~): the learner trims what it
     has read, so this bounds Redis when the learner stops. Past it the oldest entries go,
     read or not: the learner counts those it never read (`trimmed_unread` on the dashboard,
-    `arloop_learner_trimmed_unread` on its /metrics). Unset: unbounded."""
+    `arloop_learner_trimmed_unread` on its /metrics). With sharded streams each shard keeps
+    its share (this divided by `ARLOOP_STREAM_SHARDS`). Unset: unbounded."""
     run_idle_s: float = Field(600.0, gt=0.0)
     """A run of `/v1/chat/completions` calls (one `X-Arloop-Run`) that is not ended with
     `POST /v1/runs/{trajectory_id}/end` is closed and logged this long after its last call

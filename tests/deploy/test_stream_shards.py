@@ -16,6 +16,8 @@ from agents.events import (
     STREAM_TRAJECTORIES,
     StreamShards,
 )
+from agents.feedback_intake import FeedbackIntake
+from agents.trajectory_sink import TrajectorySink
 from deploy.cli import app
 from deploy.settings import AgentApiSettings
 
@@ -73,3 +75,17 @@ def test_the_first_process_records_its_count(start_api, redis_client):
     assert api.http.get("/healthz").status_code == 200
     assert redis_client.get(STREAM_SHARDS_KEY) == b"2"
     assert AgentApiSettings(_env_file=None, stream_shards=2).shards == StreamShards(2)
+
+
+def test_each_shard_keeps_its_share_of_the_streams_retention(redis_client):
+    """ARLOOP_STREAM_MAX_ENTRIES bounds the streams together, whatever the shard count."""
+    shards = StreamShards(3)
+    assert TrajectorySink(redis_client, max_entries=3000, shards=shards).max_entries == 1000
+    assert (
+        FeedbackIntake(redis_client, "s" * 40, 60, max_entries=3000, shards=shards).max_entries
+        == 1000
+    )
+    eval_sink = TrajectorySink(
+        redis_client, stream="arloop:eval:x", max_entries=3000, shards=shards
+    )
+    assert eval_sink.max_entries == 3000 and eval_sink.stream_of("traj_1") == "arloop:eval:x"
