@@ -7,6 +7,9 @@ first (a failure there writes nothing), and taken back if the XADD then fails. T
 holds the event id and a nonce of this submission, so a retry of the same call after a lost
 reply (redis-py retries on connection errors) finds its own marker and answers as the first
 attempt did, rather than 409 (scripts only use Redis 6.2 commands).
+
+With sharded streams (`StreamShards`) the script runs in the run's shard; a user's rate window
+spans every shard, so it is counted before the script, in a slot of its own (`_count_windows`).
 """
 
 from __future__ import annotations
