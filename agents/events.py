@@ -169,13 +169,14 @@ def _spread_name(base: str, shard: int, count: int) -> str:
 def check_shards(stored: bytes | str | None, shards: StreamShards) -> str | None:
     """Why a process configured with `shards` must not run on streams laid out as `stored`
     (the value of `STREAM_SHARDS_KEY`, None when unset); None when it may."""
-    if stored is None or int(as_text(stored)) == shards.count:
+    recorded = None if stored is None else as_text(stored)[:20]
+    if recorded is None or recorded == str(shards.count):
         return None
     return (
         f"ARLOOP_STREAM_SHARDS={shards.count}, but this Redis's streams are split into "
-        f"{as_text(stored)} shard(s) (key {STREAM_SHARDS_KEY}): a run's feedback would go to "
+        f"{recorded!r} shard(s) (key {STREAM_SHARDS_KEY}): a run's feedback would go to "
         "another shard than its replay markers. Set ARLOOP_STREAM_SHARDS="
-        f"{as_text(stored)} on every process, or change the count as docs/deploying.md "
+        f"{recorded} on every process, or change the count as docs/deploying.md "
         '("Sharded streams") says: stop the agent APIs, let the learner catch up, then '
         f"DEL {STREAM_SHARDS_KEY} and start everything with the new count"
     )

@@ -15,6 +15,7 @@ from agents.events import (
     STREAM_SHARDS_KEY,
     STREAM_TRAJECTORIES,
     StreamShards,
+    check_shards,
 )
 from agents.feedback_intake import FeedbackIntake
 from agents.trajectory_sink import TrajectorySink
@@ -65,7 +66,7 @@ def test_the_learner_refuses_streams_sharded_another_way(redis_url, redis_client
     result = runner.invoke(app, ["learn", "--once"], env=env)
     out = " ".join(result.output.split())
     assert result.exit_code == 2 and "Traceback" not in out, out
-    assert "ARLOOP_STREAM_SHARDS=1, but this Redis's streams are split into 3" in out, out
+    assert "ARLOOP_STREAM_SHARDS=1, but this Redis's streams are split into '3'" in out, out
     assert f"DEL {STREAM_SHARDS_KEY}" in out and "docs/deploying.md" in out, out
     assert redis_client.get(STREAM_SHARDS_KEY) == b"3"  # left as it was
 
@@ -89,3 +90,11 @@ def test_each_shard_keeps_its_share_of_the_streams_retention(redis_client):
         redis_client, stream="arloop:eval:x", max_entries=3000, shards=shards
     )
     assert eval_sink.max_entries == 3000 and eval_sink.stream_of("traj_1") == "arloop:eval:x"
+
+
+def test_a_recorded_count_that_is_no_number_is_a_mismatch_not_a_crash():
+    assert (
+        check_shards(None, StreamShards(2)) is None and check_shards(b"2", StreamShards(2)) is None
+    )
+    why = check_shards(b"three" * 100, StreamShards(2))
+    assert why.startswith("ARLOOP_STREAM_SHARDS=2, but") and len(why) < 600

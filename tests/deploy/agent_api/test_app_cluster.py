@@ -129,4 +129,4 @@ def test_healthz_is_not_ready_on_streams_sharded_another_way(start_api, cluster_
     api = start_api(redis_url=cluster_url, redis_cluster=True, stream_shards=3)
     health = api.http.get("/healthz")
     assert health.status_code == 503, health.text
-    assert "ARLOOP_STREAM_SHARDS=3, but this Redis's streams are split into 1" in health.text
+    assert "ARLOOP_STREAM_SHARDS=3, but this Redis's streams are split into '1'" in health.text
