@@ -3,6 +3,8 @@ model, a registry on the test's Redis, and a sync whose clock the test moves."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -66,20 +68,54 @@ class World:
         self.server = ServerThread(self.fake.app, port=self.server.port).start()
 
 
-@pytest.fixture
-def world(redis_client: redis.Redis, tmp_path) -> World:
+@contextmanager
+def world_on(client: redis.Redis, folders: Path) -> Iterator[World]:
+    """A world on `client` (a plain Redis or a cluster client), stopped on leaving."""
     fake = FakeVllm(base_name="smollm2")
     server = ServerThread(fake.app).start()
-    registry = PolicyRegistry(redis_client)
+    registry = PolicyRegistry(client)
     registry.ensure_base("tiny")
     clock = Clock()
     sync = VllmSync(
-        redis_client,
+        client,
         VllmApi(server.url, timeout_s=10),
         route_name="arloop",
         drain_s=DRAIN_S,
         clock=clock,
     )
-    yield World(fake, server, registry, sync, clock, tmp_path)
-    sync.vllm.close()
-    server.stop()
+    try:
+        yield World(fake, server, registry, sync, clock, folders)
+    finally:
+        sync.vllm.close()
+        server.stop()
+
+
+def loads_at_the_notice(world: World, settings) -> None:
+    """Run the sync's loop; after its first pass, publish v1: its adapter must load within 20 s
+    of the registry's notice (the loop's poll being 60 s), and the loop stop on its event."""
+    import threading
+    import time
+
+    from deploy.vllm_sync.app import run
+    from deploy.vllm_sync.record import read_record
+
+    stop = threading.Event()
+    loop = threading.Thread(target=run, args=(settings, stop), daemon=True)
+    loop.start()
+    deadline = time.monotonic() + 20
+    while read_record(world.sync.client, "arloop") is None:  # the first pass, at start
+        assert time.monotonic() < deadline and loop.is_alive()
+        time.sleep(0.05)
+    v1 = world.publish(seed=1)  # its promote publishes the notice
+    while world.adapter(v1) not in world.fake.loras:
+        assert time.monotonic() < deadline, "no pass within 20 s of the notice (poll: 60 s)"
+        time.sleep(0.05)
+    stop.set()
+    loop.join(timeout=5)
+    assert not loop.is_alive(), "the loop did not stop within 5 s of its stop event"
+
+
+@pytest.fixture
+def world(redis_client: redis.Redis, tmp_path) -> Iterator[World]:
+    with world_on(redis_client, tmp_path) as w:
+        yield w

@@ -17,7 +17,7 @@ from deploy.vllm_sync.record import read_record
 from deploy.vllm_sync.vllm_api import VllmApi
 from learner.policy.registry import CANDIDATE, CHAMPION
 from tests.deploy.policy_server.support import make_lora
-from tests.deploy.vllm_sync.conftest import DRAIN_S
+from tests.deploy.vllm_sync.conftest import DRAIN_S, loads_at_the_notice
 from tests.fakes.servers import ServerThread
 
 
@@ -230,29 +230,12 @@ def test_the_command_runs_a_pass_and_its_check_exits_1_on_a_gap(world, redis_url
 
 
 def test_the_loop_loads_a_version_at_the_registrys_notice_not_the_next_poll(world, redis_url):
-    import threading
-    import time
-
-    from deploy.vllm_sync.app import run
     from deploy.vllm_sync.settings import VllmSyncSettings
 
     settings = VllmSyncSettings(
         _env_file=None, redis_url=redis_url, vllm_url=world.server.url, vllm_poll_s=60
     )
-    stop = threading.Event()
-    loop = threading.Thread(target=run, args=(settings, stop), daemon=True)
-    loop.start()
-    deadline = time.monotonic() + 20
-    while read_record(world.sync.client, "arloop") is None:  # the first pass, at start
-        assert time.monotonic() < deadline and loop.is_alive()
-        time.sleep(0.05)
-    v1 = world.publish(seed=1)  # its promote publishes the notice
-    while world.adapter(v1) not in world.fake.loras:
-        assert time.monotonic() < deadline, "no pass within 20 s of the notice (poll: 60 s)"
-        time.sleep(0.05)
-    stop.set()
-    loop.join(timeout=5)
-    assert not loop.is_alive(), "the loop did not stop within 5 s of its stop event"
+    loads_at_the_notice(world, settings)
 
 
 def test_the_sync_runs_as_its_own_redis_user_of_the_shipped_acl(world, tmp_path):

@@ -5,38 +5,20 @@ client), and `--once` / `--check` run as commands."""
 
 from __future__ import annotations
 
-import threading
-import time
-
 import pytest
 from redis.cluster import RedisCluster
 from typer.testing import CliRunner
 
 from deploy.vllm_sync.check import delivery_check
 from deploy.vllm_sync.record import read_record
-from deploy.vllm_sync.sync import VllmSync
-from deploy.vllm_sync.vllm_api import VllmApi
-from learner.policy.registry import CHAMPION, PolicyRegistry
-from tests.deploy.vllm_sync.conftest import DRAIN_S, Clock, World
-from tests.fakes.fake_vllm import FakeVllm
-from tests.fakes.servers import ServerThread
+from learner.policy.registry import CHAMPION
+from tests.deploy.vllm_sync.conftest import DRAIN_S, loads_at_the_notice, world_on
 
 
 @pytest.fixture
 def cworld(cluster_url, tmp_path):
-    client = RedisCluster.from_url(cluster_url)
-    fake = FakeVllm(base_name="smollm2")
-    server = ServerThread(fake.app).start()
-    registry = PolicyRegistry(client)
-    registry.ensure_base("tiny")
-    clock = Clock()
-    sync = VllmSync(
-        client, VllmApi(server.url, timeout_s=10), route_name="arloop", drain_s=DRAIN_S, clock=clock
-    )
-    yield World(fake, server, registry, sync, clock, tmp_path)
-    sync.vllm.close()
-    server.stop()
-    client.close()
+    with RedisCluster.from_url(cluster_url) as client, world_on(client, tmp_path) as world:
+        yield world
 
 
 def test_versions_load_retire_and_check_on_a_cluster(cworld):
@@ -56,7 +38,6 @@ def test_versions_load_retire_and_check_on_a_cluster(cworld):
 
 
 def test_the_loop_follows_the_registrys_notice_on_a_cluster(cworld, cluster_url):
-    from deploy.vllm_sync.app import run
     from deploy.vllm_sync.settings import VllmSyncSettings
 
     settings = VllmSyncSettings(
@@ -66,20 +47,7 @@ def test_the_loop_follows_the_registrys_notice_on_a_cluster(cworld, cluster_url)
         vllm_url=cworld.server.url,
         vllm_poll_s=60,
     )
-    stop = threading.Event()
-    loop = threading.Thread(target=run, args=(settings, stop), daemon=True)
-    loop.start()
-    deadline = time.monotonic() + 20
-    while read_record(cworld.sync.client, "arloop") is None:  # the first pass, at start
-        assert time.monotonic() < deadline and loop.is_alive()
-        time.sleep(0.05)
-    v1 = cworld.publish(seed=1)  # its promote publishes the notice on the cluster
-    while cworld.adapter(v1) not in cworld.fake.loras:
-        assert time.monotonic() < deadline, "no pass within 20 s of the notice (poll: 60 s)"
-        time.sleep(0.05)
-    stop.set()
-    loop.join(timeout=5)
-    assert not loop.is_alive()
+    loads_at_the_notice(cworld, settings)
 
 
 def test_once_and_check_as_commands_on_a_cluster(cworld, cluster_url, monkeypatch):
