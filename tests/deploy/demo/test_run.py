@@ -18,6 +18,7 @@ from deploy.demo.report import headline
 from deploy.demo.run import DemoOptions, main, round_tasks, stack_env
 from deploy.demo.visits import visit_tasks
 from learner.policy.registry import CHAMPION, PolicyRegistry
+from tests.deploy.policy_server.support import needs_llamacpp
 
 
 @pytest.fixture
@@ -88,6 +89,20 @@ def test_traffic_and_eval_figures_are_what_redis_holds(demo):
     assert forms["sampled"] and forms["greedy"], forms
     for v, row in saved.items():
         assert (row["eval_solved"], row["eval_n"]) == (sum(solved[v].values()), 12), v
+
+
+@needs_llamacpp
+def test_the_default_export_is_quantised_and_the_learner_relogs_what_it_trained(demo):
+    """Where llama.cpp runs, the policy server serves its default Q8_0 export, whose logprobs
+    are not the learner's: the round recomputed the logged behaviour logprobs of every step it
+    trained with the fp32 weights of the version that served it, and said how far apart."""
+    _, _, client, _ = demo
+    steps = [s for t in events(client, STREAM_TRAJECTORIES) for s in t.model_steps]
+    assert steps and {s.engine for s in steps} == {"llamacpp-q8_0"}
+    metrics = PolicyRegistry(client).get("v1").metrics
+    assert metrics["behaviour/recomputed_steps"] > 0, metrics
+    assert metrics["behaviour/kept_logged_steps"] == 0
+    assert 0 < metrics["behaviour/engine_gap"] < 1
 
 
 def test_a_used_data_directory_is_refused(tmp_path, capsys):

@@ -1,7 +1,7 @@
 """The policy server over real HTTP: the openai SDK and litellm as clients, a real Redis.
 
-Every test runs against both engines (transformers, llama.cpp on its default F16 export); logprobs
-are compared with the learner's fp32 recompute within each engine's tolerance.
+Every test runs against both engines (transformers, llama.cpp on an F16 export: `tiny_settings`);
+logprobs are compared with the learner's fp32 recompute within each engine's tolerance.
 """
 
 import json
