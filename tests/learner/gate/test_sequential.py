@@ -19,7 +19,8 @@ from learner.gate.sequential import (
 
 LOOKS = (40, 80, 120)  # `arloop learn`'s default (GateConfig)
 DEMO_LOOKS = (24, 48)  # `arloop demo`'s (deploy/demo/run.py)
-K = 8  # samples per task
+K = 8  # samples per task (`arloop learn`'s, and the demo's final check)
+DEMO_K = 6  # the demo's gates
 RUNS = 2000
 
 
@@ -30,8 +31,10 @@ def test_boundaries_match_the_published_lan_demets_obrien_fleming_values():
     assert obf_spending(0.05, 1.0) == pytest.approx(0.05)
 
 
-def _streams(effect: float, seed: int, runs: int = RUNS, coupling: float = 0.5, n: int = 120):
-    """(runs, tasks, K) outcomes of both versions. Four task kinds in draw order (interleaved):
+def _streams(
+    effect: float, seed: int, runs: int = RUNS, coupling: float = 0.5, n: int = 120, k: int = K
+):
+    """(runs, tasks, k) outcomes of both versions. Four task kinds in draw order (interleaved):
     the champion solves two weak kinds ~25 % and two strong ones ~80 % of the time, task by
     task around that (Beta); the candidate differs by 2 * effect on the weak kinds only (the
     demo's pattern: learning moves the operators the model gets wrong), so `effect` is the
@@ -41,14 +44,16 @@ def _streams(effect: float, seed: int, runs: int = RUNS, coupling: float = 0.5, 
     weak = (np.arange(n) % 4) < 2  # (n,)
     p = np.where(weak, rng.beta(2.5, 7.5, (runs, n)), rng.beta(8, 2, (runs, n)))  # (R, n)
     q = np.clip(p + np.where(weak, 2 * effect, 0.0), 0.0, 1.0)  # (R, n)
-    u = rng.random((runs, n, K))
-    shared = rng.random((runs, n, K)) < coupling
-    v = np.where(shared, u, rng.random((runs, n, K)))
+    u = rng.random((runs, n, k))
+    shared = rng.random((runs, n, k)) < coupling
+    v = np.where(shared, u, rng.random((runs, n, k)))
     return (u < p[..., None]).astype(int), (v < q[..., None]).astype(int)
 
 
-def _rates(effect: float, seed: int, looks: tuple[int, ...] = LOOKS) -> dict[str, float]:
-    champion, candidate = _streams(effect, seed, n=looks[-1])
+def _rates(
+    effect: float, seed: int, looks: tuple[int, ...] = LOOKS, k: int = K
+) -> dict[str, float]:
+    champion, candidate = _streams(effect, seed, n=looks[-1], k=k)
     results = [sequential_test(a, b, looks) for a, b in zip(champion, candidate, strict=True)]
     return {
         "not worse": np.mean([r.not_worse == NOT_WORSE for r in results]),
@@ -57,15 +62,17 @@ def _rates(effect: float, seed: int, looks: tuple[int, ...] = LOOKS) -> dict[str
     }
 
 
-@pytest.mark.parametrize("looks", [LOOKS, DEMO_LOOKS], ids=["learn", "demo"])
-def test_error_rates_and_power_over_synthetic_outcome_streams(looks):
-    null, worse, better = (_rates(e, seed, looks) for e, seed in ((0.0, 1), (-0.10, 2), (0.10, 3)))
-    print(f"\nlooks {looks}\nno effect: {null}\ntrue -10: {worse}\ntrue +10: {better}")
+@pytest.mark.parametrize(("looks", "k"), [(LOOKS, K), (DEMO_LOOKS, DEMO_K)], ids=["learn", "demo"])
+def test_error_rates_and_power_over_synthetic_outcome_streams(looks, k):
+    null, worse, better = (
+        _rates(e, seed, looks, k) for e, seed in ((0.0, 1), (-0.10, 2), (0.10, 3))
+    )
+    print(f"\nlooks {looks}, k {k}\nno effect: {null}\ntrue -10: {worse}\ntrue +10: {better}")
     assert null["improved"] <= 0.05  # type I error of "improved"
-    assert worse["not worse"] <= 0.05  # a 10-point regression is not released
+    assert worse["not worse"] <= 0.01  # a 10-point regression is not released
     assert better["improved"] >= 0.8  # power at a true +10
-    # an equal candidate usually releases (the demo's smaller gate: about 77 % of the time)
-    assert null["not worse"] >= (0.8 if looks == LOOKS else 0.75)
+    # an equal candidate usually releases (the demo's smaller gate: about 66 % of the time)
+    assert null["not worse"] >= (0.8 if looks == LOOKS else 0.6)
     assert null["tasks"] < looks[-1]  # and the looks stop early on average
 
 
@@ -111,7 +118,7 @@ def test_looks_beyond_the_rows_given_are_left_open_for_a_later_call():
 def test_stopping_at_release_keeps_every_release_decision_and_runs_fewer_tasks():
     # `arloop demo`'s gates stop once "not worse" is settled (GateConfig.stop_when_released)
     for effect, seed in ((0.0, 1), (-0.10, 2), (0.10, 3)):
-        champion, candidate = _streams(effect, seed, runs=500, n=DEMO_LOOKS[-1])
+        champion, candidate = _streams(effect, seed, runs=500, n=DEMO_LOOKS[-1], k=DEMO_K)
         pairs = list(zip(champion, candidate, strict=True))
         full = [sequential_test(a, b, DEMO_LOOKS) for a, b in pairs]
         quick = [sequential_test(a, b, DEMO_LOOKS, stop_when_released=True) for a, b in pairs]
