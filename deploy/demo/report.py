@@ -350,7 +350,7 @@ def quick_note(report: Report) -> str | None:
     return (
         "This was the tiny test model (random weights, built on the fly): it is not expected "
         "to improve, and --quick only shows that every process and step of the loop works. "
-        "The full demo (`arloop demo`: SmolLM2-135M, 2 rounds, about 10 minutes on 2 cores) "
+        "The full demo (`arloop demo`: SmolLM2-135M, 2 rounds, about 7 minutes on 2 cores) "
         "shows the improvement: held-out success up with a 95% interval that excludes zero "
         "(docs/demo.md)."
     )
