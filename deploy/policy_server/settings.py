@@ -73,7 +73,7 @@ class PolicyServerSettings(ModelSettings):
     machine 0.8 tokens/s, 1 thread 39)."""
     llamacpp_quant: Literal["f16", "q8_0", "q4_1", "q4_0", "f32"] = "q8_0"
     """Weights of the llama.cpp export. Measured on SmolLM2-135M (docs "Figures"): `q8_0`, the
-    default, decodes 1.26-1.44x as fast as `f16` and samples from a policy about 0.005 nats a
+    default, decodes 1.26-1.44x as fast as `f16` and samples from a policy about 0.004 nats a
     token (KL) from the learner's fp32 weights (logprob gap 0.03-0.04 a token; the learner
     recomputes the behaviour logprobs of what it trains on, and the gate judges the version as
     it is served); `f16` keeps the learner's greedy outputs (7-8 of 8 prompts) with a gap of
