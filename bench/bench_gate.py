@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 import redis
 
 from agents.events import EVAL_CACHE_PREFIX
-from deploy.demo.run import DemoOptions, stack_env
+from deploy.demo.options import DemoOptions, stack_env
 from deploy.demo.stack import Stack, StackError
 from deploy.learn.agent_runs import gate_runner
 from deploy.learn.settings import LearnerSettings

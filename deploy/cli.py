@@ -409,7 +409,8 @@ def demo(
     """The whole loop on this machine: starts Redis, the policy server, the agent API and the
     learner, runs rounds of simulated students -> feedback -> learning -> eval gate -> publish,
     and ends with a table per version and a report (JSON, Markdown, plots) under --report-dir."""
-    from deploy.demo.run import DemoOptions, main
+    from deploy.demo.options import DemoOptions
+    from deploy.demo.run import main
 
     opts = DemoOptions(
         rounds=rounds,

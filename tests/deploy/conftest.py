@@ -8,7 +8,8 @@ import pytest
 import redis
 from rich.console import Console
 
-from deploy.demo.run import DemoOptions, quick, run_demo
+from deploy.demo.options import DemoOptions, quick
+from deploy.demo.run import run_demo
 from deploy.embedded_redis import start_redis
 from tests.fakes.api import start_api  # noqa: F401
 from tests.fakes.fixtures import aredis, llm  # noqa: F401

@@ -14,8 +14,9 @@ import pytest
 from agents.events import STREAM_EVAL_TRAJECTORIES, STREAM_FEEDBACK, STREAM_TRAJECTORIES, decode
 from agents.packs import get_pack
 from agents.packs.tutoring import tutoring_pack
+from deploy.demo.options import DemoOptions, stack_env
 from deploy.demo.report import headline
-from deploy.demo.run import DemoOptions, main, round_tasks, stack_env
+from deploy.demo.run import main, round_tasks
 from deploy.demo.visits import visit_tasks
 from learner.policy.registry import CHAMPION, PolicyRegistry
 from tests.deploy.policy_server.support import needs_llamacpp

@@ -18,7 +18,7 @@ from learner.gate.sequential import (
 )
 
 LOOKS = (40, 80, 120)  # `arloop learn`'s default (GateConfig)
-DEMO_LOOKS = (24, 48)  # `arloop demo`'s (deploy/demo/run.py)
+DEMO_LOOKS = (24, 48)  # `arloop demo`'s (deploy/demo/options.py)
 K = 8  # samples per task (`arloop learn`'s, and the demo's final check)
 DEMO_K = 6  # the demo's gates
 RUNS = 2000
@@ -142,4 +142,4 @@ def test_the_demos_final_check_settles_a_20_point_gain_at_its_first_look_mostly(
     results = [sequential_test(a, b, DEMO_LOOKS) for a, b in zip(champion, candidate, strict=True)]
     first = np.mean([r.improved == IMPROVED and r.stopped_at == DEMO_LOOKS[0] for r in results])
     print(f"\n+20 points: improved at the first look {first:.3f}")
-    assert first >= 0.8  # deploy/demo/run.py's DEMO_GATE comment gives the figure (about 87 %)
+    assert first >= 0.8  # deploy/demo/options.py's DEMO_GATE comment gives the figure (about 87 %)
