@@ -1,6 +1,9 @@
 # The two commands of the README: `make demo` and `make test`, each from a fresh machine.
 # `make docs` builds the manual (docs/, mkdocs.yml) into site/.
-PYTHON ?= python3
+# The first Python on PATH that meets pyproject's requires-python (>= 3.11.5, the docs toolchain's
+# floor; Debian 12's own python3 is 3.11.2); `make PYTHON=...` picks one by hand.
+PYTHON ?= $(shell for p in python3 python3.13 python3.12 python3.11; do \
+  $$p -c 'import sys; sys.exit(sys.version_info < (3, 11, 5))' >/dev/null 2>&1 && { echo $$p; break; }; done)
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.arloop-installed
@@ -47,6 +50,9 @@ LLAMACPP_CMAKE := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -
 	-DGGML_BMI2=ON -DLLAVA_BUILD=OFF
 install: $(STAMP)
 $(STAMP): pyproject.toml deploy/constraints.txt
+	@test -n "$(PYTHON)" || { echo "arloop needs Python >= 3.11.5 and found none on PATH" \
+	  "(python3 is $$(python3 --version 2>&1)): install one (pyenv, uv python install 3.12," \
+	  "or your distribution's python3.12) and rerun, or name it: make PYTHON=/path/to/python3.12"; exit 1; }
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q torch==2.13.0
 	$(BIN)/python -m pip install -q -c deploy/constraints.txt -e '.[dev]'

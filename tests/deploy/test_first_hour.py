@@ -3,6 +3,7 @@ one line per problem naming the fix, exit 2, no traceback, nothing written to th
 no process left behind."""
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -294,3 +295,32 @@ def test_learn_reports_every_start_problem_at_once_before_redis_starts(tmp_path)
     assert "ARLOOP_BASE_MODEL='smolm2' does not load" in said[0]
     assert "unknown agent pack 'nope'" in said[1] and said[1].endswith("fix ARLOOP_EVAL_PACKS")
     assert not (tmp_path / "redis").exists()
+
+
+def test_make_install_without_a_recent_enough_python_names_the_fix(tmp_path):
+    """`make install` with only pythons below pyproject's floor (Debian 12's python3 is
+    3.11.2) stops before creating anything and says what to install or name."""
+    floor = re.search(r'requires-python = ">=([\d.]+)"', (ROOT / "pyproject.toml").read_text())
+    makefile = (ROOT / "Makefile").read_text()
+    floor_tuple = ", ".join(floor.group(1).split("."))
+    assert f"sys.version_info < ({floor_tuple})" in makefile  # the Makefile's floor is pyproject's
+    old = tmp_path / "bin"
+    old.mkdir()
+    for name in ("python3", "python3.13", "python3.12", "python3.11"):  # each too old
+        (old / name).write_text('#!/bin/sh\necho "Python 3.11.2"; exit 1\n')
+        (old / name).chmod(0o755)
+    venv = tmp_path / "venv"
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHON", "VIRTUAL_ENV", "MAKEFLAGS")}
+    result = subprocess.run(
+        ["make", "--no-print-directory", "install", f"VENV={venv}"],
+        env=env | {"PATH": f"{old}:/usr/bin:/bin"},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    out = result.stdout + result.stderr
+    assert result.returncode != 0, out
+    assert f"needs Python >= {floor.group(1)}" in out and "make PYTHON=" in out, out
+    assert "(python3 is Python 3.11.2)" in out, out
+    assert not venv.exists()
