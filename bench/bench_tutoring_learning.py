@@ -12,7 +12,9 @@ it agrees enough, into labels (a thumbs-up on a `#### n` answer, a correction's 
 labelled prompts are resampled in verified on-policy sub-rounds from the weights in training,
 through the real calculator, and checked against the label (those checks are the extra
 "reward evaluations" the summary counts per human event). As in the demo, only the turn
-before the calculator's output (the call line) trains on whole-run feedback.
+before the calculator's output (the call line) trains on whole-run feedback. `--subrounds` and
+`--resample-n` set how much of that free checking a round spends (the learner's defaults
+otherwise; the header says which): compute, not more human events.
 
 TRL: `GRPOTrainer` on prompts rendered exactly as the tutor's first model call (system prompt,
 the line tool format's block, the worked example, the scrubbed question: `render_prompt` with
@@ -55,7 +57,8 @@ model's own answers (before any envelope), whatever it shows.
 
 Usage: .venv/bin/python bench/bench_tutoring_learning.py [--episodes 48] [--group 4]
        [--model smollm2|tiny] [--draws 3] [--seeds 2] [--samples 8] [--held-out 120]
-       [--rounds 1] [--threads N] [--reuse DATA_DIR] [--medical]
+       [--rounds 1] [--subrounds N] [--resample-n N] [--threads N] [--reuse DATA_DIR]
+       [--medical]
 """
 
 from __future__ import annotations
@@ -102,6 +105,7 @@ from agents.packs.tutoring import tutoring_pack
 from deploy.demo import run as demo
 from deploy.demo.report import eval_outcomes
 from deploy.settings import ModelSettings
+from learner.config import RoundConfig
 from learner.policy.models import apply_lora, load_base
 from learner.policy.registry import CHAMPION, PolicyRegistry
 from learner.train_step import TrainConfig
@@ -111,6 +115,15 @@ MODEL_CACHE = ModelSettings().model_cache  # ARLOOP_MODEL_CACHE, as the processe
 LORA = TrainConfig()  # arloop's adapter shape: the defaults LearnerSettings nests
 MICRO_BATCH = 8  # the demo's ARLOOP_TRAIN__MICRO_BATCH_SIZE: completions per optimiser update
 # -- arm 1: arloop, the whole loop ---------------------------------------------------------------
+
+
+def verified_budget() -> str:
+    """The learner's verified sub-rounds as its process will read them: the environment's
+    `ARLOOP_ROUND__*` (which `--subrounds`, `--resample-n` set) over `RoundConfig`'s defaults."""
+    default = RoundConfig()
+    subrounds = os.environ.get("ARLOOP_ROUND__SUBROUNDS", default.subrounds)
+    runs = os.environ.get("ARLOOP_ROUND__RESAMPLE_N", default.resample_n)
+    return f"{subrounds} verified sub-round(s) x {runs} runs a labelled prompt"
 
 
 def arloop_arm(opts: demo.DemoOptions) -> tuple[demo.Report, dict, float]:
@@ -243,7 +256,8 @@ def one_run(a: argparse.Namespace, draw: int, seed: int, base_seen: dict) -> dic
         f"{opts.episodes} human feedback visits ({opts.episodes // opts.group} problems x "
         f"{opts.group}); "
         f"{len(evals)} held-out x {a.samples} samples at T {opts.temperature}; lr "
-        f"{opts.learning_rate}, KL {opts.kl_coef}, max_tokens {opts.max_tokens}; torch "
+        f"{opts.learning_rate}, KL {opts.kl_coef}, max_tokens {opts.max_tokens}; arloop: "
+        f"{verified_budget()}; torch "
         f"{torch.__version__}, {torch.get_num_threads()} threads in-process; work dir {work}"
     )
     report, gate, arloop_s = arloop_arm(opts) if a.reuse is None else (None, {}, 0.0)
@@ -407,8 +421,24 @@ def main() -> None:
         help="data dir of an earlier run with the same options (one run): take its v1, skip "
         "the demo (no gate figures, no arloop wall)",
     )
+    ap.add_argument(
+        "--subrounds",
+        type=int,
+        default=None,
+        help="arloop's verified sub-rounds a round (ARLOOP_ROUND__SUBROUNDS; default: the learner's)",
+    )
+    ap.add_argument(
+        "--resample-n",
+        type=int,
+        default=None,
+        help="runs a labelled prompt in each sub-round (ARLOOP_ROUND__RESAMPLE_N; default: the "
+        "learner's)",
+    )
     ap.add_argument("--medical", action="store_true", help="the medical arm only")
     a = ap.parse_args()
+    for name, value in (("SUBROUNDS", a.subrounds), ("RESAMPLE_N", a.resample_n)):
+        if value is not None:  # the demo's processes inherit this process's environment
+            os.environ[f"ARLOOP_ROUND__{name}"] = str(value)
     if a.threads:
         torch.set_num_threads(a.threads)
     if a.medical:
