@@ -9,6 +9,9 @@ from __future__ import annotations
 import difflib
 import importlib.util
 import logging
+import os
+import shutil
+import threading
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -110,11 +113,28 @@ def _smollm2_safetensors(cache_dir: Path) -> Path:
     model.hf_quantizer = None  # dequantised on load; saving must not claim a quantizer
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    partial = target.with_name(target.name + ".partial")
-    model.save_pretrained(partial)
-    tokenizer.save_pretrained(partial)
-    partial.rename(target)  # atomic: a crash mid-save never leaves a half cache
+    # its own folder: the policy server and the learner may convert at once on a first start
+    partial = target.with_name(f"{target.name}.partial-{os.getpid()}-{threading.get_ident()}")
+    try:
+        model.save_pretrained(partial)
+        tokenizer.save_pretrained(partial)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    publish_once(partial, target, "model.safetensors")
     return target
+
+
+def publish_once(partial: Path, target: Path, marker: str) -> None:
+    """Rename the finished folder `partial` to `target` (atomic: a crash mid-save never leaves
+    a half cache); when another process published a complete `target` first (it holds
+    `marker`), keep theirs and drop `partial`."""
+    try:
+        os.replace(partial, target)
+    except OSError:
+        shutil.rmtree(partial, ignore_errors=True)
+        if not (target / marker).exists():
+            raise
 
 
 def apply_lora(

@@ -2,7 +2,13 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from learner.policy.models import CheckpointError, load_base, load_checkpoint, load_version
+from learner.policy.models import (
+    CheckpointError,
+    load_base,
+    load_checkpoint,
+    load_version,
+    publish_once,
+)
 from learner.policy.registry import PolicyVersion
 from tests.deploy.policy_server.support import make_full, make_lora
 from tests.model_cache import MODEL_CACHE
@@ -119,3 +125,31 @@ def test_unsupported_uris_are_refused(uri):
 def test_an_s3_checkpoint_without_a_recorded_digest_is_refused_unfetched():
     with pytest.raises(CheckpointError, match="no digest in the registry"):
         load_version(_record("s3://bucket/v1", "lora"), cache_dir=MODEL_CACHE)
+
+
+def _finished(folder, text: str):
+    folder.mkdir()
+    (folder / "model.safetensors").write_text(text)
+    return folder
+
+
+def test_two_processes_converting_the_default_model_at_once_both_end_with_one_cache(tmp_path):
+    """The policy server and the learner may both convert SmolLM2 on a first start: each
+    saves into its own folder; the first rename publishes, the second keeps the first's."""
+    target = tmp_path / "smollm2-135m-instruct"
+    first = _finished(tmp_path / "smollm2-135m-instruct.partial-1-1", "first")
+    second = _finished(tmp_path / "smollm2-135m-instruct.partial-2-1", "second")
+    publish_once(first, target, "model.safetensors")
+    publish_once(second, target, "model.safetensors")  # lost the race: no error
+    assert (target / "model.safetensors").read_text() == "first"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [target.name]
+
+
+def test_a_publish_that_fails_without_a_complete_cache_raises_and_leaves_nothing(tmp_path):
+    target = tmp_path / "cache"
+    target.mkdir()
+    (target / "stray").write_text("not a model")  # a folder there, but not a finished cache
+    partial = _finished(tmp_path / "cache.partial-1-1", "mine")
+    with pytest.raises(OSError):
+        publish_once(partial, target, "model.safetensors")
+    assert not partial.exists()
