@@ -13,8 +13,9 @@ labelled prompts are resampled in verified on-policy sub-rounds from the weights
 through the real calculator, and checked against the label (those checks are the extra
 "reward evaluations" the summary counts per human event). As in the demo, only the turn
 before the calculator's output (the call line) trains on whole-run feedback. `--subrounds` and
-`--resample-n` set how much of that free checking a round spends (the learner's defaults
-otherwise; the header says which): compute, not more human events.
+`--resample-n` set how much of that free checking a round spends: `arloop learn`'s defaults
+unless given (the demo runs fewer to end within 7 minutes; the header says which). They cost
+compute, not human events.
 
 TRL: `GRPOTrainer` on prompts rendered exactly as the tutor's first model call (system prompt,
 the line tool format's block, the worked example, the scrubbed question: `render_prompt` with
@@ -112,18 +113,14 @@ from learner.train_step import TrainConfig
 
 MODEL_CACHE = ModelSettings().model_cache  # ARLOOP_MODEL_CACHE, as the processes read it
 
+LEARN_ROUND = RoundConfig()  # `arloop learn`'s round: its verified sub-rounds, not the demo's
 LORA = TrainConfig()  # arloop's adapter shape: the defaults LearnerSettings nests
 MICRO_BATCH = 8  # the demo's ARLOOP_TRAIN__MICRO_BATCH_SIZE: completions per optimiser update
 # -- arm 1: arloop, the whole loop ---------------------------------------------------------------
 
 
-def verified_budget() -> str:
-    """The learner's verified sub-rounds as its process will read them: the environment's
-    `ARLOOP_ROUND__*` (which `--subrounds`, `--resample-n` set) over `RoundConfig`'s defaults."""
-    default = RoundConfig()
-    subrounds = os.environ.get("ARLOOP_ROUND__SUBROUNDS", default.subrounds)
-    runs = os.environ.get("ARLOOP_ROUND__RESAMPLE_N", default.resample_n)
-    return f"{subrounds} verified sub-round(s) x {runs} runs a labelled prompt"
+def verified_budget(opts: demo.DemoOptions) -> str:
+    return f"{opts.subrounds} verified sub-round(s) x {opts.resample_n} runs a labelled prompt"
 
 
 def arloop_arm(opts: demo.DemoOptions) -> tuple[demo.Report, dict, float]:
@@ -238,6 +235,8 @@ def _options(a: argparse.Namespace, work: Path) -> demo.DemoOptions:
         group=a.group,
         phase_timeout_s=3600.0,
         closing_visit=False,
+        subrounds=a.subrounds,
+        resample_n=a.resample_n,
     )
 
 
@@ -257,7 +256,7 @@ def one_run(a: argparse.Namespace, draw: int, seed: int, base_seen: dict) -> dic
         f"{opts.group}); "
         f"{len(evals)} held-out x {a.samples} samples at T {opts.temperature}; lr "
         f"{opts.learning_rate}, KL {opts.kl_coef}, max_tokens {opts.max_tokens}; arloop: "
-        f"{verified_budget()}; torch "
+        f"{verified_budget(opts)}; torch "
         f"{torch.__version__}, {torch.get_num_threads()} threads in-process; work dir {work}"
     )
     report, gate, arloop_s = arloop_arm(opts) if a.reuse is None else (None, {}, 0.0)
@@ -424,21 +423,17 @@ def main() -> None:
     ap.add_argument(
         "--subrounds",
         type=int,
-        default=None,
-        help="arloop's verified sub-rounds a round (ARLOOP_ROUND__SUBROUNDS; default: the learner's)",
+        default=LEARN_ROUND.subrounds,
+        help="arloop's verified sub-rounds a round (default: `arloop learn`'s, not the demo's)",
     )
     ap.add_argument(
         "--resample-n",
         type=int,
-        default=None,
-        help="runs a labelled prompt in each sub-round (ARLOOP_ROUND__RESAMPLE_N; default: the "
-        "learner's)",
+        default=LEARN_ROUND.resample_n,
+        help="runs of a labelled prompt in each sub-round (default: `arloop learn`'s)",
     )
     ap.add_argument("--medical", action="store_true", help="the medical arm only")
     a = ap.parse_args()
-    for name, value in (("SUBROUNDS", a.subrounds), ("RESAMPLE_N", a.resample_n)):
-        if value is not None:  # the demo's processes inherit this process's environment
-            os.environ[f"ARLOOP_ROUND__{name}"] = str(value)
     if a.threads:
         torch.set_num_threads(a.threads)
     if a.medical:

@@ -19,6 +19,9 @@ from deploy.cli_errors import (
     listen_on,
     show_version,
 )
+from learner.config import RoundConfig
+
+_LEARN_ROUND = RoundConfig()  # `arloop learn`'s round defaults, named in `arloop demo --help`
 
 app = typer.Typer(
     help="arloop: deploy LLM agents and keep making them better from what their users say.\n\n"
@@ -399,6 +402,21 @@ def demo(
         help="Seconds each phase (start, a round's visits, training and its gate) may take "
         "before the demo gives up; raise it on a busy machine or for --pack medical.",
     ),
+    subrounds: int = typer.Option(
+        2,
+        "--subrounds",
+        min=0,
+        help="The learner's verified sub-rounds a round (labelled prompts resampled, checked, "
+        f"learned from); `arloop learn` runs {_LEARN_ROUND.subrounds}, the demo 2 to end "
+        "within 7 minutes.",
+    ),
+    resample_n: int = typer.Option(
+        4,
+        "--resample-n",
+        min=2,
+        help=f"Runs of each labelled prompt a sub-round; `arloop learn` runs "
+        f"{_LEARN_ROUND.resample_n}, the demo 4.",
+    ),
     tiny: bool = typer.Option(
         False,
         "--quick",
@@ -426,6 +444,8 @@ def demo(
         threads=threads,
         closing_visit=closing_visit,
         phase_timeout_s=phase_timeout,
+        subrounds=subrounds,
+        resample_n=resample_n,
     )
     raise typer.Exit(main(opts, tiny=tiny))
 

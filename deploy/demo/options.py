@@ -60,6 +60,12 @@ class DemoOptions:
     phase_timeout_s: float = 900.0
     gate_samples: int = 6
     """Samples of each held-out task in a round's gate (`DEMO_GATE`); the final check takes 8."""
+    subrounds: int = 2
+    """The learner's verified sub-rounds a round (`ARLOOP_ROUND__SUBROUNDS`): fewer than
+    `arloop learn`'s default, so that the demo ends within 7 minutes on 2 cores."""
+    resample_n: int = 4
+    """Runs of each labelled prompt a sub-round (`ARLOOP_ROUND__RESAMPLE_N`); fewer than
+    `arloop learn`'s default, as `subrounds`."""
 
 
 DEMO_GATE: dict[str, Any] = {
@@ -184,6 +190,8 @@ def stack_env(
             **{f"ARLOOP_GATE__{k.upper()}": json.dumps(v) for k, v in DEMO_GATE.items()},
             "ARLOOP_GATE__SAMPLES": str(opts.gate_samples),
             "ARLOOP_ROUND__TRAIN_AFTER_TOOL": "false",  # the tutor's answer turn copies the calculator
+            "ARLOOP_ROUND__SUBROUNDS": str(opts.subrounds),
+            "ARLOOP_ROUND__RESAMPLE_N": str(opts.resample_n),
         },
     }
 

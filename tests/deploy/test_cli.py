@@ -177,3 +177,32 @@ def test_demo_phase_timeout_reaches_the_demo(monkeypatch):
     assert seen["opts"].phase_timeout_s == 2400.0 and seen["opts"].pack == "medical"
     refused = CliRunner().invoke(app, ["demo", "--phase-timeout", "5"])
     assert refused.exit_code == 2 and "phase-timeout" in refused.output
+
+
+def test_demo_verified_compute_reaches_the_learner(monkeypatch):
+    """`arloop demo` runs fewer verified sub-rounds than `arloop learn` (its 7 minutes);
+    --subrounds and --resample-n give the learner's own, and its --help names them."""
+    import deploy.demo.run as demo_run
+    from deploy.demo.options import stack_env
+    from learner.config import RoundConfig
+
+    seen = {}
+    monkeypatch.setattr(demo_run, "main", lambda opts, tiny: seen.setdefault("opts", opts) and 0)
+    learn = RoundConfig()
+    args = ["demo", "--subrounds", str(learn.subrounds), "--resample-n", str(learn.resample_n)]
+    result = CliRunner().invoke(app, args)
+
+    assert result.exit_code == 0, result.output
+    env = stack_env(seen["opts"], "http://policy")["learn"]
+    assert env["ARLOOP_ROUND__SUBROUNDS"] == str(learn.subrounds)
+    assert env["ARLOOP_ROUND__RESAMPLE_N"] == str(learn.resample_n)
+    seen.clear()
+    assert CliRunner().invoke(app, ["demo"]).exit_code == 0
+    default = stack_env(seen["opts"], "http://policy")["learn"]
+    assert (default["ARLOOP_ROUND__SUBROUNDS"], default["ARLOOP_ROUND__RESAMPLE_N"]) == ("2", "4")
+    helped = " ".join(
+        CliRunner().invoke(app, ["demo", "--help"], env={"COLUMNS": "250"}).output.split()
+    )
+    assert f"arloop learn runs {learn.subrounds}, the demo 2" in helped, helped
+    refused = CliRunner().invoke(app, ["demo", "--resample-n", "1"])
+    assert refused.exit_code == 2 and "resample-n" in refused.output
