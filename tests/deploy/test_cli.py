@@ -46,7 +46,7 @@ def _serve_only(command: list[str], **env: str) -> subprocess.CompletedProcess:
 
 def _clean_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ARLOOP_")}
-    return env | {"COLUMNS": "250"} | extra
+    return env | {"COLUMNS": "250", "ARLOOP_MODEL_CACHE": str(MODEL_CACHE)} | extra
 
 
 def test_version_prints_the_installed_version():

@@ -23,11 +23,14 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def arloop(*command: str, timeout: float = 120, **env: str) -> subprocess.CompletedProcess:
-    """`arloop <command>` in a fresh interpreter, with only the ARLOOP_* variables given."""
+    """`arloop <command>` in a fresh interpreter, with only the ARLOOP_* variables given and
+    the session's model cache (its tiny model built: a first build's progress is not the
+    refusal's one line, and tests never write to the user's cache)."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith("ARLOOP_")}
+    resolve_base("tiny", cache_dir=MODEL_CACHE)
     return subprocess.run(
         [sys.executable, "-c", "from deploy.cli import app; app(prog_name='arloop')", *command],
-        env=clean | {"COLUMNS": "250"} | env,
+        env=clean | {"COLUMNS": "250", "ARLOOP_MODEL_CACHE": str(MODEL_CACHE)} | env,
         cwd=ROOT,
         capture_output=True,
         text=True,
