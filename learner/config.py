@@ -97,8 +97,8 @@ class RoundConfig(BaseModel):
     being trained, run through the agent's tools, checked against their label, one update
     group-relative; 0: learn from the feedback alone (no labels, no resampling). Checking is
     free once a prompt has a label: 4 sub-rounds of 8 runs learned more from the same human
-    events than 2 of 4 (`bench/bench_tutoring_learning.py`, docs: Figures) for a round about
-    2.4x as long (on 2 cores, 8 labelled prompts: about 230 s against 95 s)."""
+    events than 2 of 4 (`bench/bench_tutoring_learning.py`, docs: Figures) for a round 2-3x as
+    long (on 2 cores, 7-10 labelled prompts: 208-293 s against 91-95 s)."""
     resample_n: int = Field(8, ge=2)
     """Runs per labelled prompt in each sub-round (the group its advantages are relative to;
     more runs give a prompt the model rarely solves a success to learn from)."""
