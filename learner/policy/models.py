@@ -25,6 +25,7 @@ from learner.policy.storage import (  # where a checkpoint lives; re-exported fr
     checkpoint_path,
     fetch_checkpoint,
     is_remote,
+    publish_once,
     remote_problem,
 )
 
@@ -123,18 +124,6 @@ def _smollm2_safetensors(cache_dir: Path) -> Path:
         raise
     publish_once(partial, target, "model.safetensors")
     return target
-
-
-def publish_once(partial: Path, target: Path, marker: str) -> None:
-    """Rename the finished folder `partial` to `target` (atomic: a crash mid-save never leaves
-    a half cache); when another process published a complete `target` first (it holds
-    `marker`), keep theirs and drop `partial`."""
-    try:
-        os.replace(partial, target)
-    except OSError:
-        shutil.rmtree(partial, ignore_errors=True)
-        if not (target / marker).exists():
-            raise
 
 
 def apply_lora(

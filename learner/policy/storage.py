@@ -156,11 +156,18 @@ def _download(uri: str, target: Path) -> None:
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
         raise
+    publish_once(partial, target, names[0])  # another fetch of the same folder may win
+
+
+def publish_once(partial: Path, target: Path, marker: str) -> None:
+    """Rename the finished folder `partial` to `target` (atomic: a crash mid-write never leaves
+    a half folder named); when another thread or process published a complete `target` first
+    (it holds `marker`), keep theirs and drop `partial`."""
     try:
-        os.replace(partial, target)  # a crash mid-fetch never leaves a half folder named
+        os.replace(partial, target)
     except OSError:
         shutil.rmtree(partial, ignore_errors=True)
-        if not target.is_dir():  # another thread or process finished the same fetch first
+        if not (target / marker).exists():
             raise
 
 
