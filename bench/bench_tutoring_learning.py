@@ -58,7 +58,8 @@ model's own answers (before any envelope), whatever it shows.
 
 Usage: .venv/bin/python bench/bench_tutoring_learning.py [--episodes 48] [--group 4]
        [--model smollm2|tiny] [--draws 3] [--seeds 2] [--samples 8] [--held-out 120]
-       [--rounds 1] [--subrounds N] [--resample-n N] [--threads N] [--reuse DATA_DIR]
+       [--first-draw 0] [--first-seed 0] [--rounds 1] [--subrounds N] [--resample-n N]
+       [--threads N] [--reuse DATA_DIR]
        [--medical]
 """
 
@@ -406,6 +407,12 @@ def main() -> None:
     ap.add_argument("--draws", type=int, default=3, help="draws of training problems")
     ap.add_argument("--seeds", type=int, default=2, help="seeds per draw (both arms)")
     ap.add_argument("--first-seed", type=int, default=0)
+    ap.add_argument(
+        "--first-draw",
+        type=int,
+        default=0,
+        help="the first draw's number (a long matrix split across invocations)",
+    )
     ap.add_argument("--rounds", type=int, default=1, help="rounds of each arm (E visits each)")
     ap.add_argument(
         "--threads",
@@ -439,7 +446,8 @@ def main() -> None:
     if a.medical:
         medical_arm(a)
         return
-    runs = [(d, a.first_seed + s) for d in range(a.draws) for s in range(a.seeds)]
+    draws = range(a.first_draw, a.first_draw + a.draws)
+    runs = [(d, a.first_seed + s) for d in draws for s in range(a.seeds)]
     results, base_seen = [], {}
     for draw, seed in runs[:1] if a.reuse else runs:
         results.append(one_run(a, draw, seed, base_seen))
