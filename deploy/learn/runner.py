@@ -37,7 +37,8 @@ from deploy.logs import log_context
 from learner.policy.legacy_keys import migrate_legacy_keys
 from learner.policy.registry import BASE_VERSION, CANDIDATE, CHAMPION, PolicyRegistry
 from learner.publish import recover
-from learner.rounds import RoundAborted, RoundResult, run_round
+from learner.round_updates import RoundAborted
+from learner.rounds import RoundResult, run_round
 from learner.store import Store
 from learner.trajectory_source import TrajectorySource
 

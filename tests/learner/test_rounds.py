@@ -12,8 +12,10 @@ from learner.logprobs import completion_logprobs
 from learner.policy.models import checkpoint_path, load_base, load_version
 from learner.policy.registry import CHAMPION, VersionStatus
 from learner.reward_model import heldout
+from learner.round_data import NO_TOKEN_IDS
 from learner.round_metrics import peak_rss_mb
-from learner.rounds import NO_TOKEN_IDS, RoundAborted, run_round
+from learner.round_updates import RoundAborted
+from learner.rounds import run_round
 from learner.train_step import TrainConfig
 from learner.trajectory_source import TrajectorySource
 from tests.learner.learner_events import (

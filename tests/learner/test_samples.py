@@ -284,7 +284,7 @@ def test_a_reply_with_no_level_gets_the_level_line_and_a_question_or_no_restate_
 def test_a_team_agents_turn_after_its_own_tool_output_reads_it():
     """A run through `/v1/chat/completions` has no tool steps: its tool's output is a `tool`
     message in the next call's prompt, and that turn reads it as our agents' would."""
-    from learner.rounds import credited_turns
+    from learner.round_data import credited_turns
 
     ours = trajectory(tool_turn=True)
     call, _, answer = ours.steps
@@ -304,7 +304,7 @@ def test_tool_turns_a_prompt_starts_with_are_not_an_output_of_the_run():
     tool's output. Was: every turn of a pack with such an example counted as after a tool,
     so a round with `train_after_tool` off credited nothing and `arloop demo --quick` waited
     for a round that never came."""
-    from learner.rounds import credited_turns
+    from learner.round_data import credited_turns
 
     example = [
         {"role": "user", "content": "What is 1+1?"},
