@@ -23,8 +23,8 @@ from rich.console import Console
 
 from agents.events import LEARNER_LEASE, STREAM_POLICY, RegistryRewound, decode
 from deploy.embedded_redis import free_port, start_redis
+from deploy.learn.loop import Learner
 from deploy.learn.metrics import serve_metrics
-from deploy.learn.runner import Learner
 from deploy.learn.settings import LearnerSettings
 from learner.policy.registry import CHAMPION, PolicyRegistry
 from learner.store import Store

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from agents.pii import shared_scrubber
 from deploy.cli import app
 from deploy.export import parse_since
-from deploy.learn.runner import Learner
+from deploy.learn.loop import Learner
 from deploy.learn.settings import LearnerSettings
 from learner.policy.tiny_model import save_tiny_model
 from tests.fakes.scripted_llm import Reply

@@ -19,7 +19,7 @@ import pytest
 from rich.console import Console
 
 from agents.events import LEARNER_GROUP, ONE_SHARD, StreamShards
-from deploy.learn.runner import Learner
+from deploy.learn.loop import Learner
 from deploy.learn.settings import LearnerSettings
 from learner.policy.registry import CHAMPION, PolicyRegistry
 from learner.store import Store

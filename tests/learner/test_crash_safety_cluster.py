@@ -14,7 +14,7 @@ from redis.cluster import RedisCluster
 from rich.console import Console
 
 from agents.events import StreamShards
-from deploy.learn.runner import Learner
+from deploy.learn.loop import Learner
 from learner.policy.registry import CHAMPION, PolicyRegistry
 from tests.learner.test_crash_safety import (
     CRASH_STATE,

@@ -24,7 +24,7 @@ from safetensors.torch import load_file
 
 from agents.events import LEARNER_GROUP, LEARNER_LEASE, STREAM_FEEDBACK, STREAM_TRAJECTORIES
 from deploy.embedded_redis import free_port
-from deploy.learn.runner import Learner
+from deploy.learn.loop import Learner
 from deploy.learn.settings import LearnerSettings
 from learner.policy.registry import CHAMPION, PolicyRegistry
 from learner.store import Store

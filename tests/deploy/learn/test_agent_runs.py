@@ -217,7 +217,7 @@ def test_the_gate_runs_with_the_settings_own_models(tmp_path):
 def _learner(redis_url: str, tmp_path, policy_url: str):
     from rich.console import Console
 
-    from deploy.learn.runner import Learner
+    from deploy.learn.loop import Learner
 
     settings = LearnerSettings(
         redis_url=redis_url,

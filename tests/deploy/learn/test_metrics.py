@@ -17,8 +17,8 @@ from agents.events import (
     StreamShards,
 )
 from deploy.embedded_redis import free_port
+from deploy.learn.loop import Learner
 from deploy.learn.metrics import LearnerTelemetry, serve_metrics
-from deploy.learn.runner import Learner
 from deploy.learn.settings import LearnerSettings
 from tests.learner.learner_events import feedback, trajectory, xadd
 

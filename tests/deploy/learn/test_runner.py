@@ -3,9 +3,10 @@ import io
 import pytest
 from rich.console import Console
 
+from deploy.learn.loop import Learner
 from deploy.learn.plan import round_plan
 from deploy.learn.round_line import summary_line
-from deploy.learn.runner import Learner, main
+from deploy.learn.runner import main
 from deploy.learn.settings import LearnerSettings
 from learner.policy.registry import BaseModelMismatch, PolicyRegistry
 from tests.learner.learner_events import feedback, trajectory, xadd

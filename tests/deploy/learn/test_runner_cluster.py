@@ -11,7 +11,7 @@ from redis.cluster import RedisCluster
 from rich.console import Console
 
 from agents.events import LEARNER_GROUP, STREAM_FEEDBACK, STREAM_TRAJECTORIES
-from deploy.learn.runner import Learner
+from deploy.learn.loop import Learner
 from deploy.learn.settings import LearnerSettings
 from learner.policy.registry import CHAMPION, PolicyRegistry
 from tests.learner.learner_events import feedback, trajectory, xadd
