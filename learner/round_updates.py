@@ -126,6 +126,8 @@ def update_metrics(
 
 
 def stopper(should_stop: Callable[[], bool]) -> Callable[[], None]:
+    """A check, called between updates, that raises `RoundAborted` once `should_stop()`."""
+
     def check() -> None:
         if should_stop():
             raise RoundAborted("stop requested: round abandoned before its checkpoint")
