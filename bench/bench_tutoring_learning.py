@@ -117,6 +117,15 @@ MODEL_CACHE = ModelSettings().model_cache  # ARLOOP_MODEL_CACHE, as the processe
 LEARN_ROUND = RoundConfig()  # `arloop learn`'s round: its verified sub-rounds, not the demo's
 LORA = TrainConfig()  # arloop's adapter shape: the defaults LearnerSettings nests
 MICRO_BATCH = 8  # the demo's ARLOOP_TRAIN__MICRO_BATCH_SIZE: completions per optimiser update
+
+
+def guard_figure(report: dict | None, name: str) -> float:
+    """A gate report's figure for one guard (nan when the report or the guard is missing)."""
+    guards = (report or {}).get("guards") or []
+    figure = next((g.get("figure") for g in guards if g.get("name") == name), None)
+    return float("nan") if figure is None else float(figure)
+
+
 # -- arm 1: arloop, the whole loop ---------------------------------------------------------------
 
 
@@ -274,7 +283,7 @@ def one_run(a: argparse.Namespace, draw: int, seed: int, base_seen: dict) -> dic
     t = time.perf_counter()
     base_model = load_base(opts.model, cache_dir=MODEL_CACHE)[0]
     policies = {  # arloop's final champion: the base when the gate released nothing
-        "arloop v1": base_model
+        "arloop": base_model
         if final == "v0"
         else apply_lora(base_model, data_dir / f"checkpoints/{final}"),
         "TRL GRPO": trl_model,
@@ -292,14 +301,14 @@ def one_run(a: argparse.Namespace, draw: int, seed: int, base_seen: dict) -> dic
     outcomes["base (v0)"], loops["base (v0)"] = base_seen["outcomes"], base_seen["loops"]
 
     base = outcomes["base (v0)"]
-    gains = {k: gain(base, outcomes[k]) for k in ("arloop v1", "TRL GRPO")}
-    gap = gain(outcomes["TRL GRPO"], outcomes["arloop v1"])
+    gains = {k: gain(base, outcomes[k]) for k in ("arloop", "TRL GRPO")}
+    gap = gain(outcomes["TRL GRPO"], outcomes["arloop"])
     print(f"\nheld-out, the gate's sampled first-turn form ({len(evals)} x {a.samples}):")
     print(f"{'policy':11s} {'rewards':>8s} {'success':>8s}   gain over base (95%)   loop replayed")
     if opts.rounds > 1:
         print(f"(arloop's row is its final champion after {opts.rounds} rounds: {final})")
     human_budget = opts.episodes * opts.rounds
-    budget = {"base (v0)": "-", "arloop v1": str(human_budget), "TRL GRPO": str(trl["rewards"])}
+    budget = {"base (v0)": "-", "arloop": str(human_budget), "TRL GRPO": str(trl["rewards"])}
     for name in budget:  # base, arloop, TRL
         rate = statistics.fmean(statistics.fmean(row) for row in outcomes[name])
         shown = fmt_gain(gains[name]) if name in gains else "-"
@@ -307,8 +316,8 @@ def one_run(a: argparse.Namespace, draw: int, seed: int, base_seen: dict) -> dic
             f"{name:11s} {budget[name]:>8s} {rate:8.0%}   {shown:>22s}   {solved_rate(loops[name])}"
         )
     print(
-        f"arloop v1 - TRL (paired): {fmt_gain(gap)}; outcome correlation with the base: arloop "
-        f"{gains['arloop v1']['corr'] or 0:.2f}, TRL {gains['TRL GRPO']['corr'] or 0:.2f}"
+        f"arloop - TRL (paired): {fmt_gain(gap)}; outcome correlation with the base: arloop "
+        f"{gains['arloop']['corr'] or 0:.2f}, TRL {gains['TRL GRPO']['corr'] or 0:.2f}"
     )
     if report is not None:
         print(f"gate: {demo.headline(report)}")
@@ -345,13 +354,14 @@ def one_run(a: argparse.Namespace, draw: int, seed: int, base_seen: dict) -> dic
             f"verified evaluations {vm.get('reward_sources/verified', 0):.0f}, KTO answers "
             f"{vm.get('reward_sources/kto_judged', 0):.0f}, reward-model scored "
             f"{vm.get('reward_sources/reward_model', 0):.0f} (AUROC "
-            f"{vm.get('reward_model/auroc', float('nan')):.2f})"
+            f"{vm.get('reward_model/auroc', float('nan')):.2f}), entropy / v0's "
+            f"{guard_figure(gate.get('reports', {}).get(version), 'entropy_floor'):.2f}"
         )
     return {
         "draw": draw,
         "seed": seed,
-        "base": gains["arloop v1"]["base"],
-        "arloop": gains["arloop v1"],
+        "base": gains["arloop"]["base"],
+        "arloop": gains["arloop"],
         "trl": gains["TRL GRPO"],
         "gap": gap,
         "arloop_s": arloop_s,
