@@ -61,8 +61,13 @@ def demo(
         help="A fresh folder for Redis, the "
         "learner, checkpoints and logs (default .arloop/demo-<time>).",
     ),
-    threads: int = typer.Option(
-        2, "--threads", min=1, help="torch threads of the policy server and of the learner."
+    threads: int | None = typer.Option(
+        None,
+        "--threads",
+        min=1,
+        help="torch and llama.cpp threads of the policy server and of the learner (default: "
+        "the cores idle when the demo starts, at most 2; on a machine busy with other work, "
+        "threads beyond its free cores wait on each other).",
     ),
     closing_visit: bool = typer.Option(
         True,

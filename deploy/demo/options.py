@@ -47,9 +47,10 @@ class DemoOptions:
     temperature: float = 0.7
     """Sampling temperature of the served policy; the gate samples alike (what users get)."""
     max_tokens: int = 32
-    threads: int = 2
-    """torch threads of the policy server and of the learner: traffic, training and the gate
-    take turns, so each may use both cores while it works."""
+    threads: int | None = None
+    """torch and llama.cpp threads of the policy server and of the learner: traffic, training
+    and the gate take turns, so each may use every free core while it works. None: the cores
+    idle when the demo starts, at most `MAX_THREADS` (`free_threads`)."""
     silence: float = 0.1
     noise: float = 0.05
     closing_visit: bool = True
@@ -96,6 +97,36 @@ with a case of their own, so the clinic's dispositions label distinct messages (
 head learns from distinct cases: 8 cases labelled 4 times teach it what 8 labels do)."""
 
 
+MAX_THREADS = 2
+"""The most threads the demo picks by itself: what its minutes were measured with (2 cores)."""
+
+
+def free_threads(idle: list[float], most: int = MAX_THREADS) -> int:
+    """Threads for the demo's processes from each usable core's idle share (0..1): the cores
+    at least 80 % idle, at least 1, at most `most`. llama.cpp's threads meet at a barrier after
+    every operation and torch's after every parallel loop, so a thread on a core another
+    process keeps busy holds the others up: on 2 cores with one kept busy, 2 threads decoded at
+    0.8 tokens/s where 1 decoded 39 (`PolicyServerSettings.llamacpp_threads`)."""
+    return max(1, min(most, sum(share >= 0.8 for share in idle)))
+
+
+def idle_shares(seconds: float = 1.0) -> list[float]:
+    """The idle share of each core this process may run on, measured over `seconds`."""
+    import psutil
+
+    pinned = getattr(psutil.Process(), "cpu_affinity", None)  # not on macOS
+    usable = (pinned and pinned()) or range(psutil.cpu_count() or 1)
+    busy = psutil.cpu_percent(interval=seconds, percpu=True)
+    return [1.0 - busy[i] / 100.0 for i in usable if i < len(busy)]
+
+
+def with_threads(opts: DemoOptions, idle: list[float] | None = None) -> DemoOptions:
+    """`opts` with `threads` set: as given, else `free_threads` of the cores idle now."""
+    if opts.threads is not None:
+        return opts
+    return replace(opts, threads=free_threads(idle_shares() if idle is None else idle))
+
+
 def group_of(opts: DemoOptions) -> int:
     return opts.group or GROUPS.get(opts.pack, 4)
 
@@ -132,7 +163,7 @@ def stack_env(
 ) -> dict[str, dict[str, str]]:
     """The `ARLOOP_*` settings of each process (`pack`: the demo's, whose agents may ask for
     more tokens than `max_tokens`: the triage agent writes up to 80)."""
-    threads = str(opts.threads)
+    threads = str(opts.threads or MAX_THREADS)
     trainable = str(opts.episodes - quiet_runs(opts))
     # how the agents sample and write tools: the learner's sub-rounds resample alike
     sampling = {
@@ -153,7 +184,7 @@ def stack_env(
             "ARLOOP_MAX_TOKENS_CAP": str(token_cap(opts, pack)),
             "ARLOOP_RELOAD_POLL_S": "1",
             "ARLOOP_TOOL_FORMAT": sampling["ARLOOP_TOOL_FORMAT"],
-            # llama.cpp's threads spin: the demo's phases take turns, so both cores are free
+            # llama.cpp's threads spin: the demo's phases take turns, so the free cores are its
             # while it decodes (traffic, the gate) and it is idle while the learner trains
             "ARLOOP_LLAMACPP_THREADS": threads,
         },

@@ -10,7 +10,8 @@ end: a table per version and `reports/demo-<time>/` with JSON, Markdown and plot
 Everything stops cleanly at the end, on an error, or on Ctrl-C.
 
 CPU: the three processes share the machine but are rarely busy at once (traffic, training and
-the gate take turns), so the policy server and the learner each get both cores by default;
+the gate take turns), so the policy server and the learner each get every core that is idle
+when the demo starts (both on an idle 2-core machine; `options.free_threads`);
 prompts are short (a one-shot example, answers of at most `max_tokens`), and the gate
 evaluates each champion once.
 """
@@ -42,6 +43,7 @@ from deploy.demo.options import (
     quick,
     quiet_runs,
     stack_env,
+    with_threads,
 )
 from deploy.demo.report import (
     COLUMNS,
@@ -81,6 +83,8 @@ def run_demo(opts: DemoOptions, console: Console) -> tuple[Report, Path]:
     from agents.packs import get_pack
 
     started = time.monotonic()
+    chosen = opts.threads is None
+    opts = with_threads(opts)  # before anything of ours runs: the cores idle now
     data_dir = fresh_dir(opts)
     pack = get_pack(opts.pack, tutoring_eval_size=opts.eval_size)
     stack = Stack(data_dir, {})
@@ -93,7 +97,8 @@ def run_demo(opts: DemoOptions, console: Console) -> tuple[Report, Path]:
         registry.ensure_base(opts.model)  # before the processes: they would race to create v0
         console.print(
             f"[bold]arloop demo[/] in {data_dir} (logs in {stack.logs}); model "
-            f"{opts.model}, {opts.rounds} rounds of {opts.episodes} runs"
+            f"{opts.model}, {opts.rounds} rounds of {opts.episodes} runs, {opts.threads} "
+            f"thread(s) a process{' (the cores idle at start; --threads sets it)' if chosen else ''}"
         )
         stack.start()
         timed(seconds, "start", stack.wait_ready, opts.phase_timeout_s)

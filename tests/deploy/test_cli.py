@@ -206,3 +206,19 @@ def test_demo_verified_compute_reaches_the_learner(monkeypatch):
     assert f"arloop learn runs {learn.subrounds}, the demo 2" in helped, helped
     refused = CliRunner().invoke(app, ["demo", "--resample-n", "1"])
     assert refused.exit_code == 2 and "resample-n" in refused.output
+
+
+def test_demo_threads_default_to_the_idle_cores(monkeypatch):
+    """Without --threads the demo measures the idle cores when it starts (`with_threads`);
+    --threads N is passed as given, and its --help says what the default is."""
+    import deploy.demo.run as demo_run
+
+    seen = []
+    monkeypatch.setattr(demo_run, "main", lambda opts, tiny: seen.append(opts.threads) or 0)
+    assert CliRunner().invoke(app, ["demo"]).exit_code == 0
+    assert CliRunner().invoke(app, ["demo", "--threads", "1"]).exit_code == 0
+    assert seen == [None, 1]
+    helped = " ".join(
+        CliRunner().invoke(app, ["demo", "--help"], env={"COLUMNS": "250"}).output.split()
+    )
+    assert "the cores idle when the demo starts, at most 2" in helped, helped

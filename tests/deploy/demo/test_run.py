@@ -14,7 +14,14 @@ import pytest
 from agents.events import STREAM_EVAL_TRAJECTORIES, STREAM_FEEDBACK, STREAM_TRAJECTORIES, decode
 from agents.packs import get_pack
 from agents.packs.tutoring import tutoring_pack
-from deploy.demo.options import DemoOptions, stack_env
+from deploy.demo.options import (
+    MAX_THREADS,
+    DemoOptions,
+    free_threads,
+    idle_shares,
+    stack_env,
+    with_threads,
+)
 from deploy.demo.report import headline
 from deploy.demo.run import main, round_tasks
 from deploy.demo.visits import visit_tasks
@@ -173,3 +180,26 @@ def test_the_policy_servers_context_holds_a_reflexion_retry():
     assert stack_env(opts, "", medical)["policy"]["ARLOOP_CONTEXT_LENGTH"] == "2048"
     tutoring = stack_env(opts, "", get_pack("tutoring"))["policy"]
     assert tutoring["ARLOOP_CONTEXT_LENGTH"] == "1024"
+
+
+def test_the_demos_threads_are_the_cores_idle_at_start():
+    """On 2 cores with one kept busy by other work, the demo gave the policy server and the
+    learner 2 threads each; llama.cpp's and torch's threads wait for each other, and round 1's
+    gate was still running at the demo's 900 s deadline. Without --threads the demo takes the
+    cores idle when it starts (at most 2), and the processes get what it took."""
+    assert free_threads([1.0, 0.98]) == 2  # an idle 2-core machine: as measured before
+    assert free_threads([0.97, 0.02]) == 1  # one core kept busy
+    assert free_threads([0.5, 0.6]) == 1  # two half-busy cores: not one free, still one thread
+    assert free_threads([0.0] * 4) == 1
+    assert free_threads([1.0] * 16) == MAX_THREADS
+    assert free_threads([1.0] * 16, most=8) == 8
+
+    busy = with_threads(DemoOptions(), idle=[1.0, 0.0])
+    assert busy.threads == 1
+    env = stack_env(busy, "")
+    assert env["policy"]["ARLOOP_THREADS"] == env["policy"]["ARLOOP_LLAMACPP_THREADS"] == "1"
+    assert env["learn"]["OMP_NUM_THREADS"] == "1"
+    assert with_threads(DemoOptions(threads=2), idle=[1.0, 0.0]).threads == 2  # as asked
+
+    shares = idle_shares(0.1)  # measured on this machine: one share a usable core, each 0..1
+    assert shares and all(0.0 <= s <= 1.0 for s in shares)
