@@ -21,7 +21,7 @@ API_KEY = "demo-" + secrets.token_hex(8)
 
 @dataclass(frozen=True)
 class DemoOptions:
-    """What `arloop demo --help` offers; the defaults take 6-7 minutes on 2 cores."""
+    """What `arloop demo --help` offers; the defaults take 6-7.5 minutes on 2 cores."""
 
     rounds: int = 2
     users: int = 8
