@@ -22,7 +22,9 @@ the line tool format's block, the worked example, the scrubbed question: `render
 `tool_format="line"`, as the policy server does), `num_generations=group`, the demo's
 temperature, completion cap, learning rate and KL weight, 8 completions per optimiser step
 (arloop's micro-batch), on-policy (one generation per step), and `max_steps` so that the
-reward function scores exactly E completions (counted). bf16 and gradient checkpointing off.
+reward function scores exactly E completions (counted; `--trl-rewards N`: N a round, its epochs
+cycling over the same problems, to give TRL as many checked samples as arloop's verified
+sub-rounds take). bf16 and gradient checkpointing off.
 
 The reward (and the held-out metric below) is a first-turn proxy of the two-turn episode: a
 completion whose first `CALL calculator: <expr>` line evaluates to the reference answer scores
@@ -167,16 +169,24 @@ def arloop_arm(opts: demo.DemoOptions) -> tuple[demo.Report, dict, float]:
 
 
 def trl_arm(
-    opts: demo.DemoOptions, train: list[Task], tokenizer, model: torch.nn.Module | None = None
+    opts: demo.DemoOptions,
+    train: list[Task],
+    tokenizer,
+    model: torch.nn.Module | None = None,
+    rewards: int | None = None,
 ) -> tuple[torch.nn.Module, dict]:
-    """(merged policy after TRL's GRPO on exactly `opts.episodes` rewards, figures); from
-    `model` (a previous round's merged result) when given, else from the base."""
+    """(merged policy after TRL's GRPO on exactly `rewards` rewards, figures; default
+    `opts.episodes`, one a human visit); from `model` (a previous round's merged result) when
+    given, else from the base. More rewards than problems' tries: its epochs cycle over them."""
+    rewards = rewards or opts.episodes
     from datasets import Dataset
     from trl import GRPOTrainer
 
     batch = MICRO_BATCH if MICRO_BATCH % opts.group == 0 else opts.group
-    if opts.episodes % batch:
-        raise SystemExit(f"--episodes must be a multiple of {batch} (completions per TRL step)")
+    if opts.episodes % batch or rewards % batch:
+        raise SystemExit(
+            f"--episodes and --trl-rewards must be multiples of {batch} (completions per TRL step)"
+        )
     by_id = {t.id: t for t in train}  # visit_tasks repeats each problem `group` times
     problems = list(by_id.values())
     scored: list[float] = []
@@ -196,7 +206,7 @@ def trl_arm(
         steps_per_generation=1,
         num_generations=opts.group,
         num_iterations=1,
-        max_steps=opts.episodes // batch,
+        max_steps=rewards // batch,
         learning_rate=opts.learning_rate,
         warmup_steps=0,
         weight_decay=0.0,
@@ -221,8 +231,8 @@ def trl_arm(
     start = time.perf_counter()
     trainer.train()
     seconds = time.perf_counter() - start
-    if len(scored) != opts.episodes:
-        raise RuntimeError(f"TRL scored {len(scored)} completions, not {opts.episodes}")
+    if len(scored) != rewards:
+        raise RuntimeError(f"TRL scored {len(scored)} completions, not {rewards}")
     figures = {
         "seconds": seconds,
         "rewards": len(scored),
@@ -266,7 +276,8 @@ def one_run(a: argparse.Namespace, draw: int, seed: int, base_seen: dict) -> dic
         f"{opts.group}); "
         f"{len(evals)} held-out x {a.samples} samples at T {opts.temperature}; lr "
         f"{opts.learning_rate}, KL {opts.kl_coef}, max_tokens {opts.max_tokens}; arloop: "
-        f"{verified_budget(opts)}; torch "
+        f"{verified_budget(opts)}; TRL: {a.trl_rewards or opts.episodes} exact rewards a "
+        f"round; torch "
         f"{torch.__version__}, {torch.get_num_threads()} threads in-process; work dir {work}"
     )
     report, gate, arloop_s = arloop_arm(opts) if a.reuse is None else (None, {}, 0.0)
@@ -275,7 +286,7 @@ def one_run(a: argparse.Namespace, draw: int, seed: int, base_seen: dict) -> dic
     trl_model, trl = None, {"seconds": 0.0, "rewards": 0, "steps": 0}
     for r, train in enumerate(rounds, 1):  # each round on from the last, its seed its own
         trl_model, figures = trl_arm(
-            replace(opts, seed=seed + 1000 * (r - 1)), train, tokenizer, trl_model
+            replace(opts, seed=seed + 1000 * (r - 1)), train, tokenizer, trl_model, a.trl_rewards
         )
         trl = {k: trl[k] + figures[k] for k in trl}
     final = gate.get("champion", "v1") if opts.rounds > 1 else "v1"
@@ -448,6 +459,13 @@ def main() -> None:
         type=int,
         default=LEARN_ROUND.resample_n,
         help="runs of a labelled prompt in each sub-round (default: `arloop learn`'s)",
+    )
+    ap.add_argument(
+        "--trl-rewards",
+        type=int,
+        default=0,
+        help="exact rewards TRL scores a round (0: --episodes, one a human visit); arloop's "
+        "verified evaluations a round, to give TRL the same checked samples",
     )
     ap.add_argument("--medical", action="store_true", help="the medical arm only")
     a = ap.parse_args()
