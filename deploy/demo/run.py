@@ -83,9 +83,9 @@ def run_demo(opts: DemoOptions, console: Console) -> tuple[Report, Path]:
     from agents.packs import get_pack
 
     started = time.monotonic()
+    data_dir = fresh_dir(opts)  # a used folder is refused before the second of measuring
     chosen = opts.threads is None
     opts = with_threads(opts)  # before anything of ours runs: the cores idle now
-    data_dir = fresh_dir(opts)
     pack = get_pack(opts.pack, tutoring_eval_size=opts.eval_size)
     stack = Stack(data_dir, {})
     stack.env = stack_env(opts, stack.policy_url, pack)
