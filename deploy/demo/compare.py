@@ -1,8 +1,8 @@
 """The demo's closing measurement: the final champion against v0, by the gate's own test.
 
-Run on v0's draw (the draw of the first gate, whose v0 runs are cached in Redis), with the
-demo's gate settings, so only the final champion's runs cost anything (and v0's beyond the
-first gate's looks): the sequential test on sampled, coupled runs, run on until "improved" is
+Run on v0's draw, the draw of every demo gate (`fresh_draw` off), with the demo's gate
+settings, so both versions' runs come from Redis as far as their gates went, and only the
+samples and tasks beyond them cost anything: the sequential test on sampled, coupled runs, run on until "improved" is
 settled, gives the difference and its repeated 95% interval, and whole runs through the agent
 at the serving temperature give what users would see.
 """

@@ -77,6 +77,9 @@ DEMO_GATE: dict[str, Any] = {
     # simulates them; in six demo runs the first 6 of 8 samples gave all 12 gates the release
     # decision the 8 gave). Each gate stops once "not worse" is settled (the release decision
     # is the same); "improved" is settled by the final check, v2 against v0 on v0's draw.
+    # Every gate runs v0's draw: round 2's gate finds v1's runs cached from round 1's (it was
+    # the candidate there), and the final check finds v2's from round 2's.
+    "fresh_draw": False,
     "looks": [24, 48],
     "full_tasks": 8,
     "guard_tasks": 8,
@@ -87,7 +90,7 @@ DEMO_GATE: dict[str, Any] = {
 its final check uses them too."""
 FINAL_CHECK = DEMO_GATE | {"stop_when_released": False, "full_tasks": 16, "samples": 8}
 """The final check runs on until "improved" is settled, 8 samples a task (a true 20-point gain
-shows "improved" at its first look 87 % of the time; v0's first 6 come from round 1's gate),
+shows "improved" at its first look 87 % of the time; the first 6 of v0's come from round 1's gate, of v2's from round 2's),
 and 16 whole runs give the users' view."""
 
 

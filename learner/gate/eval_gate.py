@@ -53,6 +53,12 @@ class GateConfig(BaseModel):
     "improved" open with its interval so far: the release decision is the same (a settled
     question never changes at a later look), at fewer runs. `arloop demo` sets it; false: run
     on until "improved" is settled too."""
+    fresh_draw: bool = True
+    """Each champion brings a fresh draw of held-out tasks, so a long run of gates never keeps
+    judging candidates on the tasks earlier gates selected them on. False: every gate runs v0's
+    draw (the first champion's), so a version's runs are reused by every later gate that meets
+    it (`arloop demo` sets it: its round-2 gate and final check reuse v1's and v2's runs); a
+    later candidate is then judged on tasks that released its parent."""
     full_tasks: int = Field(40, ge=0)
     """Tasks run as whole episodes through the agent graph at the serving temperature (the
     report's figure of what users get, and the check of the first-turn form)."""

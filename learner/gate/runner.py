@@ -2,7 +2,8 @@
 the evidence, and let the pure decision (`learner.gate.eval_gate.decide`) judge.
 
 1. Draw: the packs' held-out pools, in a stratified order seeded by the champion
-   (`learner.gate.draws`): every candidate judged against one champion runs the same tasks.
+   (`learner.gate.draws`): every candidate judged against one champion runs the same tasks
+   (with `fresh_draw` off, every gate runs v0's tasks).
 2. The sequential test (`learner.gate.sequential`): at each look both versions run the new
    tasks k times at the serving temperature with the same seeds, in the pack's first-turn
    form where it has one (else whole runs), until "not worse" and "improved" are settled
@@ -32,7 +33,7 @@ from learner.gate.eval_runs import SUITE, EvalError, EvalRuns, GateTask
 from learner.gate.guards import GuardConfig
 from learner.gate.sequential import SequentialResult, finished, sequential_test
 from learner.gate.stats import paired_comparison, paired_intervals
-from learner.policy.registry import CHAMPION, PolicyRegistry
+from learner.policy.registry import BASE_VERSION, CHAMPION, PolicyRegistry
 from learner.store import Store
 
 Looked = Callable[[SequentialResult], None]
@@ -191,7 +192,7 @@ class GateRunner:
         step 4's greedy runs either, for a comparison that releases nothing)."""
         c = self.config
         pool = self.suite.pool()
-        draw = draw_seed(champion, self.suite.name)
+        draw = draw_seed(champion if c.fresh_draw else BASE_VERSION, self.suite.name)
         order = stratified_order([i.stratum for i in pool], draw, limit=max(c.looks))
         items = [pool[i] for i in order]
         if self.suite.temperature > 0:  # an agent that samples greedily runs once a task

@@ -321,6 +321,28 @@ def test_sampled_runs_are_coupled_by_seed_and_the_champions_are_cached(stack, re
     assert "sampled runs a task, the same seeds for both" in report.summary()
 
 
+@pytest.mark.parametrize("fresh", [True, False])
+def test_without_fresh_draws_a_later_gate_reuses_every_run_of_an_earlier_one(
+    stack, redis_server, fresh
+):
+    """v1 judged against v0, then v0 judged against v1 as champion: with v0's draw for every
+    gate the second finds both versions' runs cached; a fresh draw runs new tasks."""
+    client, registry, url = stack
+    _forget_evals(client)
+    seen: list[str] = []
+    suite = _suite(redis_server.url, [coin_pack()], url, temperature=1.0)
+    suite.runs.progress = lambda what, done, total: seen.append(what.split()[0])
+    config = GateConfig(
+        margin=0.3, samples=2, looks=(6,), guard_tasks=3, full_tasks=3, fresh_draw=fresh
+    )
+    gate = _gate(registry, suite, config)
+    gate.evaluate("v1", "v0")
+    assert {"v0", "v1"} <= set(seen)  # the first gate ran both
+    seen.clear()
+    gate.evaluate("v0", "v1")
+    assert (set(seen) == set()) is not fresh, seen
+
+
 def test_the_gate_judges_the_models_own_answer_not_the_envelopes():
     """The envelope escalates every red flag whatever the version: the gate must see past it."""
     pack = get_pack("medical")
