@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from agents.events import FeedbackEvent, TrajectoryEvent
-from learner.gate.ope import OPEEstimate, snis
+from learner.gate.ope import OPEEstimate, snis, too_few
 from learner.rewards import batch_rewards, scored
 
 Step = tuple[list[int], list[int], list[float]]  # prompt ids, completion ids, behaviour logprobs
@@ -117,6 +117,9 @@ def off_policy_estimate(
     usable = [r for r in runs if r.complete and r.reward is not None]
     if not usable:
         return snis(torch.zeros(0), torch.zeros(0), torch.zeros(0), min_ess=min_ess)
+    refused = too_few([r.reward for r in usable], min_ess)  # before the model's forward passes
+    if refused is not None:
+        return refused
     ratios = log_ratios(usable, candidate_logprobs)
     rewards = torch.tensor([r.reward for r in usable], dtype=torch.float64)  # (N,)
     log_w = torch.tensor([s for s, _ in ratios], dtype=torch.float64)  # (N,)

@@ -17,11 +17,24 @@ class OPEEstimate:
     estimate: float | None  # candidate's expected reward; None when we refuse to conclude
     ci_low: float | None
     ci_high: float | None
-    ess: float  # effective sample size (sum w)^2 / sum w^2
+    ess: float  # effective sample size (sum w)^2 / sum w^2; 0 when not computed (`too_few`)
     min_ess: float
     max_weight_share: float  # the largest single weight's share of the total
     reason: str
     method: str = "self-normalised importance sampling, delta-method 95% interval"
+
+
+def too_few(rewards: list[float], min_ess: float) -> OPEEstimate | None:
+    """The refusal when fewer runs are logged than `min_ess`: an effective sample size never
+    exceeds the number of runs, so no weights could conclude (none are computed); else None."""
+    n = len(rewards)
+    if n == 0 or n >= min_ess:
+        return None
+    reason = (
+        f"only {n} logged runs, and an effective sample size of {min_ess:g} needs at least as "
+        "many: collect more or use the eval suite"
+    )
+    return OPEEstimate(n, sum(rewards) / n, None, None, None, 0.0, min_ess, 0.0, reason)
 
 
 def snis(

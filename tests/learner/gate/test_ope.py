@@ -1,6 +1,7 @@
 import pytest
 import torch
 
+from learner.gate.evidence import LoggedRun, off_policy_estimate
 from learner.gate.ope import snis
 
 
@@ -43,3 +44,22 @@ def test_huge_log_ratios_do_not_overflow():
 def test_empty_traffic():
     est = snis(torch.tensor([]), torch.tensor([]), torch.tensor([]))
     assert est.estimate is None and est.n == 0
+
+
+def _runs(n: int) -> list[LoggedRun]:
+    step = ((1, 2), (3,), (-0.5,))  # prompt ids, completion ids, behaviour logprobs
+    return [LoggedRun(f"t{i}", "v0", float(i % 2), {}, 1, (step,), True) for i in range(n)]
+
+
+def test_fewer_runs_than_the_minimum_ess_refuse_without_running_the_model():
+    called: list[int] = []
+
+    def candidate(seqs):
+        called.append(len(seqs))
+        return [torch.tensor([-0.5]) for _ in seqs]
+
+    est = off_policy_estimate(_runs(29), candidate, min_ess=30)
+    assert est.estimate is None and est.n == 29 and not called  # an ESS never exceeds n
+    assert est.behaviour_mean == pytest.approx(14 / 29) and "only 29 logged runs" in est.reason
+    est = off_policy_estimate(_runs(30), candidate, min_ess=30)
+    assert called == [30] and est.estimate == pytest.approx(0.5)  # equal weights: the mean
