@@ -2,9 +2,9 @@
 
 Run on v0's draw, the draw of every demo gate (`fresh_draw` off), with the demo's gate
 settings, so both versions' runs come from Redis as far as their gates went, and only the
-samples and tasks beyond them cost anything: the sequential test on sampled, coupled runs, run on until "improved" is
-settled, gives the difference and its repeated 95% interval, and whole runs through the agent
-at the serving temperature give what users would see.
+samples and tasks beyond them cost anything: the sequential test on sampled, coupled runs,
+run on until "improved" is settled, gives the difference and its repeated 95% interval, and
+whole runs through the agent at the serving temperature give what users would see.
 """
 
 from __future__ import annotations

@@ -90,8 +90,8 @@ DEMO_GATE: dict[str, Any] = {
 its final check uses them too."""
 FINAL_CHECK = DEMO_GATE | {"stop_when_released": False, "full_tasks": 16, "samples": 8}
 """The final check runs on until "improved" is settled, 8 samples a task (a true 20-point gain
-shows "improved" at its first look 87 % of the time; the first 6 of v0's come from round 1's gate, of v2's from round 2's),
-and 16 whole runs give the users' view."""
+shows "improved" at its first look 87 % of the time; the first 6 of v0's come from round 1's
+gate, of v2's from round 2's), and 16 whole runs give the users' view."""
 
 
 GROUPS = {"tutoring": 4, "medical": 1}
