@@ -47,7 +47,9 @@ arloop's demo with R rounds of E visits, each round's problems drawn as the demo
 (`round_tasks`), its final champion judged (what its users get; the base when the gate released
 nothing); TRL's GRPO on the same problems, round by round, each round continuing from its own
 previous result (the previous LoRA merged, a new one of the same shape on top), E rewards a
-round, R x E in all.
+round, R x E in all. Each of arloop's gates draws its tasks from its champion (`arloop learn`'s
+default), not from v0 as the demo's do to reuse runs: a later candidate is not judged on the
+tasks that released its parent.
 
 Runs: `--draws 3 --seeds 2` (default) cross three draws of training problems with two seeds
 (the users' sampling and noise for arloop, TRL's own seed); the summary gives each run's gain
@@ -257,6 +259,7 @@ def _options(a: argparse.Namespace, work: Path) -> demo.DemoOptions:
         closing_visit=False,
         subrounds=a.subrounds,
         resample_n=a.resample_n,
+        fresh_draw=True,  # each later gate on its champion's draw, as every run here measured
     )
 
 

@@ -67,6 +67,11 @@ class DemoOptions:
     resample_n: int = 4
     """Runs of each labelled prompt a sub-round (`ARLOOP_ROUND__RESAMPLE_N`); fewer than
     `arloop learn`'s default, as `subrounds`."""
+    fresh_draw: bool = False
+    """Whether a round's gate draws its own held-out tasks from its champion
+    (`ARLOOP_GATE__FRESH_DRAW`, `arloop learn`'s default). Off, every gate runs v0's draw:
+    round 2's gate finds v1's runs cached from round 1's (it was the candidate there), and the
+    final check finds v2's from round 2's. The learning bench turns it on, as it was measured."""
 
 
 DEMO_GATE: dict[str, Any] = {
@@ -77,9 +82,6 @@ DEMO_GATE: dict[str, Any] = {
     # simulates them; in six demo runs the first 6 of 8 samples gave all 12 gates the release
     # decision the 8 gave). Each gate stops once "not worse" is settled (the release decision
     # is the same); "improved" is settled by the final check, v2 against v0 on v0's draw.
-    # Every gate runs v0's draw: round 2's gate finds v1's runs cached from round 1's (it was
-    # the candidate there), and the final check finds v2's from round 2's.
-    "fresh_draw": False,
     "looks": [24, 48],
     "full_tasks": 8,
     "guard_tasks": 8,
@@ -222,6 +224,7 @@ def stack_env(
             "ARLOOP_EVAL_CONCURRENCY": str(batch_size(opts)),
             "ARLOOP_CANARY__ENABLED": "false",
             **{f"ARLOOP_GATE__{k.upper()}": json.dumps(v) for k, v in DEMO_GATE.items()},
+            "ARLOOP_GATE__FRESH_DRAW": json.dumps(opts.fresh_draw),
             "ARLOOP_GATE__SAMPLES": str(opts.gate_samples),
             "ARLOOP_ROUND__TRAIN_AFTER_TOOL": "false",  # the tutor's answer turn copies the calculator
             "ARLOOP_ROUND__SUBROUNDS": str(opts.subrounds),

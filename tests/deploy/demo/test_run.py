@@ -203,3 +203,19 @@ def test_the_demos_threads_are_the_cores_idle_at_start():
 
     shares = idle_shares(0.1)  # measured on this machine: one share a usable core, each 0..1
     assert shares and all(0.0 <= s <= 1.0 for s in shares)
+
+
+def test_the_demo_gates_share_v0s_draw_unless_asked_for_fresh_ones(monkeypatch):
+    """The learner reads the demo's gate settings from its environment: every gate runs v0's
+    draw (its later gates reuse earlier runs), and `fresh_draw` (the learning bench's, as its
+    figures were measured) gives each gate its champion's own draw."""
+    from deploy.learn.settings import LearnerSettings
+
+    def learner_gate(opts):
+        for name, value in stack_env(opts, "http://policy")["learn"].items():
+            monkeypatch.setenv(name, value)
+        return LearnerSettings().gate
+
+    assert learner_gate(DemoOptions()).fresh_draw is False
+    assert learner_gate(DemoOptions(fresh_draw=True)).fresh_draw is True
+    assert list(learner_gate(DemoOptions()).looks) == [24, 48]  # the rest of the demo's gate
