@@ -104,6 +104,10 @@ class RoundConfig(BaseModel):
     more runs give a prompt the model rarely solves a success to learn from)."""
     max_resample_prompts: int = Field(16, ge=1)
     """Labelled prompts resampled per sub-round at most (the most confident first)."""
+    resample_batch_size: int = Field(32, ge=1)
+    """Runs a sub-round's resampling decodes at once (the KV cache grows with it). On 2 cores
+    with SmolLM2, 32 beat 16 by 1.1-1.2x and 64 or 128 were slower; the runs were the same
+    tokens at every size (`bench/bench_resample.py`, docs: Figures)."""
     restated_nll: float = Field(1.0, ge=0.0)
     """Weight of the cross-entropy on the tokens a restated pair changed (the label the pack
     wrote into the model's own reply, `learner.samples.restated_pairs`), beside its DPO loss

@@ -83,9 +83,10 @@ def replay(
     temperature: float,
     max_tokens: int,
     seed: int,
-    max_batch_size: int = 16,
+    max_batch_size: int = 32,
 ) -> list[list[Replay]]:
-    """`n` runs of each start from `model`, batched turn by turn; each scored against its label."""
+    """`n` runs of each start from `model`, batched turn by turn (`max_batch_size` rows decode
+    at once); each scored against its label."""
     runs = [[Replay() for _ in range(n)] for _ in starts]
     threads: dict[tuple[int, int], list[dict[str, Any]]] = {}
     live = [(i, k) for i in range(len(starts)) for k in range(n)]

@@ -138,6 +138,7 @@ def run_subrounds(
             temperature=sampling.temperature,
             max_tokens=sampling.max_tokens,
             seed=seed * 1009 + s,
+            max_batch_size=config.resample_batch_size,
         )
         generation_s += time.perf_counter() - t
         first_runs = first_runs or runs

@@ -163,3 +163,37 @@ def test_the_reward_model_is_checked_against_the_verifier_before_any_update(lies
     assert len(result.judged) == 2 * 4
     assert result.metrics["reward_model/verifier_disagreement"] == disagreement
     assert trainer_steps  # the sub-rounds still trained
+
+
+def test_the_resampling_decodes_as_many_runs_at_once_as_the_round_says(monkeypatch):
+    """`resample_batch_size` reaches the sampler: a sub-round of 2 prompts x 8 runs decoded
+    3 rows at a time still checks all 16 runs."""
+    import learner.subrounds as subrounds
+
+    sizes = []
+    real = subrounds.replay
+
+    def seen(*args, **kwargs):
+        sizes.append(kwargs["max_batch_size"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(subrounds, "replay", seen)
+    model, tok = _mixed_model()
+    episodes = _served()
+    config = CONFIG.model_copy(update={"subrounds": 1, "resample_batch_size": 3})
+    labels = find_labels(episodes, TUTOR, max_user_share=1.0)
+    replays = plan_replays(episodes, labels, TUTOR, config, tok)
+    trainer = PolicyTrainer(model, tok.pad_token_id, TrainConfig(lora_rank=8, lora_alpha=16))
+    result = run_subrounds(
+        trainer,
+        tok,
+        episodes,
+        replays,
+        config,
+        Sampling(temperature=1.0, max_tokens=8),
+        seed=0,
+        current_version=0,
+        check_stop=lambda: None,
+    )
+    assert sizes == [3]
+    assert result.metrics["reward_sources/verified"] == 2 * config.resample_n
