@@ -1,11 +1,12 @@
 """The learner's verified resampling at several batch sizes: seconds and peak memory, same rows.
 
-What a sub-round does (`learner.resample.replay`): labelled tutoring prompts, each resampled
-`--n` times through the tutor's real calculator (up to its 3 model calls), from the model the
+What a sub-round does (`learner.resample.replay`): labelled prompts, each resampled `--n`
+times through the agent's real tools (the tutor's calculator, up to its 3 model calls; with
+`--pack medical` the triage agent's knowledge base, 80 tokens a call), from the model the
 learner trains (SmolLM2-135M-Instruct, fp32, its LoRA attached as `PolicyTrainer` attaches it),
-at the demo's temperature and token budget. The prompts are the tutor's first calls on the
-demo's round-1 problems (system prompt, worked example, the student's question; line tool
-format), the answer each is checked against the problem's reference.
+at the demo's temperature and token budget. The prompts are the agent's first calls on the
+demo's first problems (system prompt, worked example, the user's message; line tool format),
+the answer each is checked against the problem's reference.
 
 Each batch size runs in a process of its own, so its peak resident memory (`ru_maxrss`) is its
 own; the same seeds give every batch size the same rows. The peer is 16 rows a step (the
@@ -14,7 +15,8 @@ tokens equal the peer's (batching pads prompts, which can move a float and so a 
 
 Shapes: the demo's (`--prompts 10 --n 4`: up to 10 labels x 4 runs) and `arloop learn`'s
 (`--prompts 16 --n 8`: `max_resample_prompts` x `resample_n`).
-Usage: .venv/bin/python bench/bench_resample.py [--prompts 10] [--n 4] [--batch-sizes 16,32,48]
+Usage: .venv/bin/python bench/bench_resample.py [--pack tutoring] [--prompts 10] [--n 4]
+       [--batch-sizes 16,32,48]
        [--repeats 2] [--threads 2]
 """
 
@@ -35,12 +37,12 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 PEER = 16
 
 
-def _starts(prompts: int, tokenizer):
-    """The tutor's first calls on the demo's round-1 problems, as the learner replays them."""
+def _starts(pack_name: str, prompts: int, tokenizer):
+    """The pack's agent's first calls on the demo's first problems, as the learner replays them."""
     from langchain_core.messages import HumanMessage
 
     from agents.events import ModelStep
-    from agents.packs.tutoring import tutoring_pack
+    from agents.packs import get_pack
     from agents.run_context import to_openai
     from deploy.demo.options import DemoOptions
     from deploy.demo.run import round_tasks
@@ -48,20 +50,21 @@ def _starts(prompts: int, tokenizer):
     from learner.policy.chat_format import prompt_token_ids
     from learner.resample import Start, faithful
 
-    pack = tutoring_pack("templates", 480)
-    tutor = next(a for a in pack.agents if a.name == "tutor")
-    grounding = groundings([pack], "line")["tutor"]
-    specs = [t.spec() for t in tutor.tools]
+    pack = get_pack(pack_name)
+    agent = pack.agents[0]
+    grounding = groundings([pack], "line")[agent.name]
+    specs = [t.spec() for t in agent.tools]
     seen, starts = set(), []
-    for task in round_tasks(DemoOptions(), pack, 1) + round_tasks(DemoOptions(), pack, 2):
+    opts = DemoOptions(pack=pack_name)
+    for task in round_tasks(opts, pack, 1) + round_tasks(opts, pack, 2):
         if task.id in seen or len(starts) == prompts:
             continue
         seen.add(task.id)
-        messages = to_openai([HumanMessage(task.input)], tutor.system_prompt, list(tutor.examples))
+        messages = to_openai([HumanMessage(task.input)], agent.system_prompt, list(agent.examples))
         step = ModelStep(
             index=0,
             messages=messages,
-            tool_names=[t.name for t in tutor.tools],
+            tool_names=[t.name for t in agent.tools],
             output="",
             model="arloop",
             policy_version="v0",
@@ -88,7 +91,7 @@ def one(a: argparse.Namespace) -> dict:
 
     model, tokenizer = load_base("smollm2", cache_dir=ModelSettings().model_cache)
     trainer = PolicyTrainer(model, tokenizer.pad_token_id or 0, TrainConfig())
-    starts = _starts(a.prompts, tokenizer)
+    starts = _starts(a.pack, a.prompts, tokenizer)
     loaded = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     seconds, runs = [], []
     for r in range(a.repeats):
@@ -114,12 +117,14 @@ def one(a: argparse.Namespace) -> dict:
         "turns": sum(len(run.turns) for run in flat),
         "tokens": sum(len(t.completion_ids) for run in flat for t in run.turns),
         "solved": sum(run.solved for run in flat) / len(flat),
+        "prompt_tokens": sum(len(s.step.prompt_token_ids or []) for s in starts) / len(starts),
         "ids": [[t.completion_ids for t in run.turns] for run in flat],
     }
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--pack", choices=("tutoring", "medical"), default="tutoring")
     p.add_argument("--prompts", type=int, default=10, help="labelled prompts resampled")
     p.add_argument("--n", type=int, default=4, help="runs of each prompt")
     p.add_argument(
@@ -134,8 +139,8 @@ def main() -> None:
         return
     sizes = sorted({int(b) for b in a.batch_sizes.split(",")} | {PEER})
     print(
-        f"resampling {a.prompts} labelled tutoring prompts x {a.n} runs (T 0.7, 32 tokens a call, "
-        f"up to 3 calls), SmolLM2-135M fp32 + LoRA, {a.threads} torch threads, "
+        f"resampling {a.prompts} labelled {a.pack} prompts x {a.n} runs (T 0.7, the agent's "
+        f"tokens a call or 32, its calls), SmolLM2-135M fp32 + LoRA, {a.threads} torch threads, "
         f"{a.repeats} repeats; a process per batch size"
     )
     results = {}
@@ -146,6 +151,7 @@ def main() -> None:
         r = results[b]
         print(f"  {b} rows a step: {' / '.join(f'{s:.1f}' for s in r['seconds'])} s", flush=True)
     peer = results[PEER]
+    print(f"  prompts of {peer['prompt_tokens']:.0f} tokens on average")
     best = min(peer["seconds"])
     print(
         "\n| rows a step | seconds (best) | vs 16 | tokens/s | peak RSS MiB "
