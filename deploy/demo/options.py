@@ -68,8 +68,8 @@ class DemoOptions:
     """Runs of each labelled prompt a sub-round (`ARLOOP_ROUND__RESAMPLE_N`); fewer than
     `arloop learn`'s default, as `subrounds`."""
     fresh_draw: bool = False
-    """Whether a round's gate draws its own held-out tasks from its champion
-    (`ARLOOP_GATE__FRESH_DRAW`, `arloop learn`'s default). Off, every gate runs v0's draw:
+    """Whether each round's gate draws its own held-out tasks from its champion, as `arloop
+    learn` does by default (`ARLOOP_GATE__FRESH_DRAW`). Off, every gate runs v0's draw:
     round 2's gate finds v1's runs cached from round 1's (it was the candidate there), and the
     final check finds v2's from round 2's. The learning bench turns it on, as it was measured."""
 
