@@ -63,26 +63,33 @@ def _p_right(model, q: str) -> float:
     return float(completion_logprobs(model, prompt_ids(q), completion_ids(RIGHT), 0).sum().exp())
 
 
-@pytest.fixture(scope="module")
-def outcome():
-    model, tok = _mixed_model()
-    before = [_p_right(model, q) for q in QUESTIONS]
-    episodes = _served()
+def _run(trainer, tok, episodes, config, *, temperature=1.0, judge=None):
+    """(labels, result): the episodes' labels found and planned, then `config`'s sub-rounds on
+    them from `trainer`."""
     labels = find_labels(episodes, TUTOR, max_user_share=1.0)
     replays = plan_replays(episodes, labels, TUTOR, CONFIG, tok)
-    train = TrainConfig(learning_rate=2e-2, lora_rank=8, lora_alpha=16, kl_coef=0.0)
-    trainer = PolicyTrainer(model, tok.pad_token_id, train)
     result = run_subrounds(
         trainer,
         tok,
         episodes,
         replays,
-        CONFIG,
-        Sampling(temperature=1.0, max_tokens=8),
+        config,
+        Sampling(temperature=temperature, max_tokens=8),
         seed=0,
         current_version=0,
         check_stop=lambda: None,
+        judge=judge,
     )
+    return labels, result
+
+
+@pytest.fixture(scope="module")
+def outcome():
+    model, tok = _mixed_model()
+    before = [_p_right(model, q) for q in QUESTIONS]
+    train = TrainConfig(learning_rate=2e-2, lora_rank=8, lora_alpha=16, kl_coef=0.0)
+    trainer = PolicyTrainer(model, tok.pad_token_id, train)
+    labels, result = _run(trainer, tok, _served(), CONFIG)
     return before, [_p_right(trainer.model, q) for q in QUESTIONS], labels, result
 
 
@@ -112,20 +119,9 @@ def test_every_source_of_reward_is_counted(outcome):
 def test_a_round_whose_groups_all_tie_makes_no_update():
     model, tok = _taught([RIGHT])
     episodes = [e for e in _served() if e.trajectory.output == RIGHT]
-    labels = find_labels(episodes, TUTOR, max_user_share=1.0)
-    replays = plan_replays(episodes, labels, TUTOR, CONFIG, tok)
     trainer = PolicyTrainer(model, tok.pad_token_id, TrainConfig(kl_coef=0.0))
-    result = run_subrounds(
-        trainer,
-        tok,
-        episodes,
-        replays,
-        RoundConfig(subrounds=1, resample_n=4),
-        Sampling(temperature=0.0, max_tokens=8),
-        seed=0,
-        current_version=0,
-        check_stop=lambda: None,
-    )
+    config = RoundConfig(subrounds=1, resample_n=4)
+    _, result = _run(trainer, tok, episodes, config, temperature=0.0)
     assert result.metrics["subround/solved_first"] == 1.0
     assert result.updates == []  # every run right: no advantage, no step
 
@@ -133,9 +129,6 @@ def test_a_round_whose_groups_all_tie_makes_no_update():
 @pytest.mark.parametrize("lies, disagreement", [(False, 0.0), (True, 1.0)])
 def test_the_reward_model_is_checked_against_the_verifier_before_any_update(lies, disagreement):
     model, tok = _mixed_model()
-    episodes = _served()
-    labels = find_labels(episodes, TUTOR, max_user_share=1.0)
-    replays = plan_replays(episodes, labels, TUTOR, CONFIG, tok)
     trainer = PolicyTrainer(model, tok.pad_token_id, TrainConfig(kl_coef=0.0))
     right = completion_ids(RIGHT)
     seen: list[int] = []
@@ -147,18 +140,7 @@ def test_the_reward_model_is_checked_against_the_verifier_before_any_update(lies
     trainer_steps: list = []
     step = trainer.step
     trainer.step = lambda *a, **k: trainer_steps.append(1) or step(*a, **k)
-    result = run_subrounds(
-        trainer,
-        tok,
-        episodes,
-        replays,
-        RoundConfig(subrounds=2, resample_n=4),
-        Sampling(temperature=1.0, max_tokens=8),
-        seed=0,
-        current_version=0,
-        check_stop=lambda: None,
-        judge=judge,
-    )
+    _, result = _run(trainer, tok, _served(), RoundConfig(subrounds=2, resample_n=4), judge=judge)
     assert seen == [0]  # once, on the first sub-round's runs, before its updates
     assert len(result.judged) == 2 * 4
     assert result.metrics["reward_model/verifier_disagreement"] == disagreement
@@ -179,21 +161,8 @@ def test_the_resampling_decodes_as_many_runs_at_once_as_the_round_says(monkeypat
 
     monkeypatch.setattr(subrounds, "replay", seen)
     model, tok = _mixed_model()
-    episodes = _served()
     config = CONFIG.model_copy(update={"subrounds": 1, "resample_batch_size": 3})
-    labels = find_labels(episodes, TUTOR, max_user_share=1.0)
-    replays = plan_replays(episodes, labels, TUTOR, config, tok)
     trainer = PolicyTrainer(model, tok.pad_token_id, TrainConfig(lora_rank=8, lora_alpha=16))
-    result = run_subrounds(
-        trainer,
-        tok,
-        episodes,
-        replays,
-        config,
-        Sampling(temperature=1.0, max_tokens=8),
-        seed=0,
-        current_version=0,
-        check_stop=lambda: None,
-    )
+    _, result = _run(trainer, tok, _served(), config)
     assert sizes == [3]
     assert result.metrics["reward_sources/verified"] == 2 * config.resample_n
