@@ -9,12 +9,18 @@ output fed back as a `tool` turn, at most `max_steps` model calls, and the pack'
 same logprobs, seeded per prompt, choice and turn. A prompt whose logged messages no longer
 render to its logged tokens (another tool format, a scrubbed input) is not replayed: the
 replay could not be faithful to what was served.
+
+A hinted start (`hinted`, STaR's rationalisation, Zelikman et al. 2022) is the same prompt with
+its label stated at the end of the user's last message: the model samples from that, and each
+turn records the prompt without the hint, which is what a trained sample is conditioned on.
+Whether a run only copied the hint is the caller's check (`derived`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,6 +46,8 @@ class Turn:
     text: str
     after_tool: bool
     """A tool's output was in this turn's prompt."""
+    tool_output: str = ""
+    """What the tools this turn called returned, joined by newlines ("" without a call)."""
 
 
 @dataclass
@@ -62,6 +70,46 @@ class Start:
     answer: str
     key: str
     """Seeds the prompt's samples (with the sub-round): the prompt's label key."""
+    hint: str | None = None
+    """Text appended to the user's last message for sampling only (`hinted`)."""
+
+
+HINT = "(The correct answer is {answer}.)"
+"""How a hinted start states its label: the label the pack read, never a user's free text."""
+
+
+def hinted(start: Start) -> Start | None:
+    """The start with its label as a hint; None where its agent has no tools (a hinted run's
+    answer could only be copied) or its last user message is not text."""
+    if not start.grounding.tools or _last_user(start.step.messages) is None:
+        return None
+    return Start(
+        start.step, start.grounding, start.answer, start.key, HINT.format(answer=start.answer)
+    )
+
+
+def derived(run: Replay, answer: str) -> bool:
+    """Whether a run's answer came from a tool: a tool's output states it and no turn of the
+    model stated it before that output did (a hinted run that wrote it first copied the hint)."""
+    for turn in run.turns:
+        if _states(turn.text, answer):
+            return False
+        if _states(turn.tool_output, answer):
+            return True
+    return False
+
+
+def _states(text: str, answer: str) -> bool:
+    """`answer` as a whole token of `text` (42 in `#### 42` or `42.0`, not in `420` or `4.2`)."""
+    pattern = rf"(?<![\w.]){re.escape(answer)}(?!\w|\.0*[1-9])"
+    return re.search(pattern, text, flags=re.IGNORECASE) is not None
+
+
+def _last_user(messages: Sequence[dict[str, Any]]) -> int | None:
+    users = [i for i, m in enumerate(messages) if m.get("role") == "user"]
+    if not users or not isinstance(messages[users[-1]].get("content"), str):
+        return None
+    return users[-1]
 
 
 def faithful(start: Start, tokenizer: Any) -> bool:
@@ -95,27 +143,34 @@ def replay(
         if not live:
             break
         prompts = [_prompt(starts[i], threads.get((i, k)), tokenizer) for i, k in live]
+        seen = [
+            _prompt(starts[i], threads.get((i, k)), tokenizer, hint=True) if starts[i].hint else p
+            for (i, k), p in zip(live, prompts, strict=True)
+        ]
         params = [
             _params(starts[i], temperature, max_tokens, _seed(seed, starts[i].key, k, turn))
             for i, k in live
         ]
-        done = generate(model, tokenizer, prompts, params, max_batch_size=max_batch_size)
+        done = generate(model, tokenizer, seen, params, max_batch_size=max_batch_size)
         still = []
         for (i, k), prompt, (event,) in zip(live, prompts, done, strict=True):
             start, run = starts[i], runs[i][k]
-            run.turns.append(
-                Turn(prompt, event.token_ids, event.logprobs, event.text, after_tool=turn > 0)
-            )
             content, calls = parse_tool_calls(
                 event.text, _specs(start), start.grounding.tool_format
+            )
+            more = calls and turn + 1 < start.grounding.max_steps
+            tool_turns = _tool_turns(start, content, calls, k, turn) if more else []
+            output = "\n".join(m["content"] for m in tool_turns if m["role"] == "tool")
+            run.turns.append(
+                Turn(prompt, event.token_ids, event.logprobs, event.text, turn > 0, output)
             )
             if not calls:
                 run.output = event.text
                 continue
             run.used_tool = True
-            if turn + 1 < start.grounding.max_steps:
+            if more:
                 base = threads.get((i, k), list(start.step.messages))
-                threads[(i, k)] = base + _tool_turns(start, content, calls, k, turn)
+                threads[(i, k)] = base + tool_turns
                 still.append((i, k))
         live = still
     for start, choices in zip(starts, runs, strict=True):
@@ -146,10 +201,18 @@ def _specs(start: Start) -> list[dict[str, Any]]:
     return [t.spec() for t in start.grounding.tools if t.name in offered]
 
 
-def _prompt(start: Start, thread: list[dict[str, Any]] | None, tokenizer: Any) -> list[int]:
-    if thread is None:
+def _prompt(
+    start: Start, thread: list[dict[str, Any]] | None, tokenizer: Any, *, hint: bool = False
+) -> list[int]:
+    """A turn's prompt ids; with `hint`, rendered with the start's hint (what the model sees)."""
+    if thread is None and not hint:
         return list(start.step.prompt_token_ids or [])
-    return prompt_token_ids(tokenizer, thread, _specs(start), start.grounding.tool_format)
+    messages = list(thread if thread is not None else start.step.messages)
+    if hint:
+        i = _last_user(start.step.messages)
+        assert i is not None and start.hint is not None  # `hinted` made the start
+        messages[i] = {**messages[i], "content": f"{messages[i]['content']}\n\n{start.hint}"}
+    return prompt_token_ids(tokenizer, messages, _specs(start), start.grounding.tool_format)
 
 
 def _tool_turns(

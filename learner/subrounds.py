@@ -4,6 +4,11 @@ Inside one round, after the update on the feedback's own rewards, each sub-round
 1. resamples every labelled prompt `resample_n` times from the weights being trained, through
    the agent's real tools (`learner.resample`), and scores each run 1 or 0: does its final
    answer equal the label;
+   a prompt none of whose runs reached it is run `hint_n` times more with the label stated
+   in the prompt (`learner.resample.hinted`); a run that reached it through a tool's output,
+   not by copying the hint (`derived`), joins the group scored 1, trained on the prompt
+   without the hint and with weight 1 (no behaviour logprobs: the hint's policy is not the
+   student's), so a group that all failed still has a success to learn from;
 2. in the first sub-round the served runs of those prompts join their groups, scored against
    the same label (their users' judgements are already in it), with their logged logprobs:
    the trainer's truncated importance weight handles that they came from an older policy;
@@ -28,7 +33,7 @@ from learner.crashpoints import crash_point
 from learner.episodes import Episode
 from learner.labels import Grounding, Label
 from learner.policy.registry import version_number
-from learner.resample import Replay, Start, faithful, replay
+from learner.resample import Replay, Start, derived, faithful, hinted, replay
 from learner.samples import PreferencePair, Sample, reads_tool_output
 from learner.store import even_chunks
 
@@ -122,7 +127,7 @@ def run_subrounds(
     if not starts or config.subrounds == 0:
         return out
     first_runs: list[list[Replay]] = []
-    solved, generation_s, update_s, verified = [], 0.0, 0.0, 0
+    solved, generation_s, update_s, verified, hints_tried, hints_kept = [], 0.0, 0.0, 0, 0, 0
     for s in range(config.subrounds):
         check_stop()
         n = f"sub-round {s + 1}/{config.subrounds}"
@@ -140,7 +145,6 @@ def run_subrounds(
             seed=seed * 1009 + s,
             max_batch_size=config.resample_batch_size,
         )
-        generation_s += time.perf_counter() - t
         first_runs = first_runs or runs
         rows = [
             (start.key, float(run.solved), _turn_rows(run, config))
@@ -149,6 +153,11 @@ def run_subrounds(
         ]
         verified += len(rows)
         solved.append(_mean([r for _, r, _ in rows]))
+        hints = _hinted_rows(trainer.model, tokenizer, starts, runs, config, sampling, seed, s)
+        generation_s += time.perf_counter() - t
+        verified += hints.tried
+        hints_tried, hints_kept = hints_tried + hints.tried, hints_kept + len(hints.rows)
+        rows += hints.rows
         if s == 0 and judge is not None:
             out.judged = _judge_runs(judge, [run for choices in runs for run in choices])
             disagree = _mean([abs(v - r) / 2 for v, r in out.judged])
@@ -165,7 +174,8 @@ def run_subrounds(
         samples = _samples(rows)
         t = time.perf_counter()
         if any(x.advantage != 0.0 for x in samples):
-            say(f"{n}: solved {solved[-1]:.0%}; updating on {len(samples)} samples")
+            hint = f" (+{len(hints.rows)} of {hints.tried} hinted)" if hints.tried else ""
+            say(f"{n}: solved {solved[-1]:.0%}{hint}; updating on {len(samples)} samples")
             for chunk in even_chunks(samples, config.batch_size):
                 check_stop()
                 out.updates.append(trainer.step(chunk, current_version=current_version))
@@ -179,6 +189,8 @@ def run_subrounds(
             "reward_sources/verified": float(verified),
             "subround/solved_first": solved[0],
             "subround/solved_last": solved[-1],
+            "subround/hinted": float(hints_tried),
+            "subround/hinted_kept": float(hints_kept),
             "subround/generate_s": generation_s,
             "subround/update_s": update_s,
             "corrections/paired": float(len(out.pairs)),
@@ -186,6 +198,51 @@ def run_subrounds(
         }
     )
     return out
+
+
+@dataclass(frozen=True)
+class Hinted:
+    """A sub-round's hinted runs: how many were sampled, the rows of those that count."""
+
+    tried: int
+    rows: list[tuple[str, float, list[Row]]]
+
+
+def _hinted_rows(
+    model: Any,
+    tokenizer: Any,
+    starts: Sequence[Start],
+    runs: Sequence[Sequence[Replay]],
+    config: RoundConfig,
+    sampling: Sampling,
+    seed: int,
+    subround: int,
+) -> Hinted:
+    """`hint_n` hinted runs of each start none of whose runs solved it; rows (scored 1, no
+    logprobs) of those that solved it through a tool's output."""
+    failed = [
+        st for st, choices in zip(starts, runs, strict=True) if not any(r.solved for r in choices)
+    ]
+    hints = [h for h in map(hinted, failed) if h is not None] if config.hint_n else []
+    if not hints:
+        return Hinted(0, [])
+    done = replay(
+        model,
+        tokenizer,
+        hints,
+        n=config.hint_n,
+        temperature=sampling.temperature,
+        max_tokens=sampling.max_tokens,
+        seed=seed * 1009 + subround + 7919,  # not the unhinted runs' seeds
+        max_batch_size=config.resample_batch_size,
+    )
+    rows = [
+        (start.key, 1.0, [(p, c, None, None, False) for p, c, _, _, _ in _turn_rows(run, config)])
+        for start, choices in zip(hints, done, strict=True)
+        for run in choices
+        if run.solved and derived(run, start.answer)
+    ]
+    return Hinted(len(hints) * config.hint_n, rows)
 
 
 def _judge_runs(
