@@ -15,7 +15,8 @@ through the real calculator, and checked against the label (those checks are the
 before the calculator's output (the call line) trains on whole-run feedback. `--subrounds` and
 `--resample-n` set how much of that free checking a round spends: `arloop learn`'s defaults
 unless given (the demo runs fewer to end within 7 minutes; the header says which). They cost
-compute, not human events.
+compute, not human events. `--hint-n` sets the hinted runs a labelled prompt gets where none of
+its runs solved it (`RoundConfig.hint_n`; 0 to measure a round without them).
 
 TRL: `GRPOTrainer` on prompts rendered exactly as the tutor's first model call (system prompt,
 the line tool format's block, the worked example, the scrubbed question: `render_prompt` with
@@ -63,6 +64,7 @@ model's own answers (before any envelope), whatever it shows.
 Usage: .venv/bin/python bench/bench_tutoring_learning.py [--episodes 48] [--group 4]
        [--model smollm2|tiny] [--draws 3] [--seeds 2] [--samples 8] [--held-out 120]
        [--first-draw 0] [--first-seed 0] [--rounds 1] [--subrounds N] [--resample-n N]
+       [--hint-n N] [--trl-rewards N]
        [--threads N] [--reuse DATA_DIR]
        [--medical]
 """
@@ -134,7 +136,10 @@ def guard_figure(report: dict | None, name: str) -> float:
 
 
 def verified_budget(opts: demo.DemoOptions) -> str:
-    return f"{opts.subrounds} verified sub-round(s) x {opts.resample_n} runs a labelled prompt"
+    return (
+        f"{opts.subrounds} verified sub-round(s) x {opts.resample_n} runs a labelled prompt, "
+        f"{opts.hint_n} hinted where none solved it"
+    )
 
 
 def arloop_arm(opts: demo.DemoOptions) -> tuple[demo.Report, dict, float]:
@@ -259,6 +264,7 @@ def _options(a: argparse.Namespace, work: Path) -> demo.DemoOptions:
         closing_visit=False,
         subrounds=a.subrounds,
         resample_n=a.resample_n,
+        hint_n=a.hint_n,
         fresh_draw=True,  # each later gate on its champion's draw, as every run here measured
     )
 
@@ -357,6 +363,8 @@ def one_run(a: argparse.Namespace, draw: int, seed: int, base_seen: dict) -> dic
         f"(replayed {m.get('labels/replayed', 0):.0f}); {evaluations:.0f} verified reward "
         f"evaluations ({evaluations / human if human else 0:.1f} per human event); sub-rounds "
         f"solved {pct(m.get('subround/solved_first'))} -> {pct(m.get('subround/solved_last'))}"
+        f", hinted runs kept {m.get('subround/hinted_kept', 0):.0f} of "
+        f"{m.get('subround/hinted', 0):.0f}"
         f"; KTO answers {m.get('reward_sources/kto_judged', 0):.0f}; reward model "
         f"AUROC {m.get('reward_model/auroc', float('nan')):.2f}; learner peak RSS "
         f"{m.get('memory/peak_rss_mb', float('nan')):.0f} MiB"
@@ -462,6 +470,12 @@ def main() -> None:
         type=int,
         default=LEARN_ROUND.resample_n,
         help="runs of a labelled prompt in each sub-round (default: `arloop learn`'s)",
+    )
+    ap.add_argument(
+        "--hint-n",
+        type=int,
+        default=LEARN_ROUND.hint_n,
+        help="hinted runs of a labelled prompt no run solved, a sub-round (0: no hints)",
     )
     ap.add_argument(
         "--trl-rewards",

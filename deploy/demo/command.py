@@ -99,6 +99,13 @@ def demo(
         help=f"Runs of each labelled prompt a sub-round; `arloop learn` runs "
         f"{_LEARN_ROUND.resample_n}, the demo 4.",
     ),
+    hint_n: int = typer.Option(
+        _LEARN_ROUND.hint_n,
+        "--hint-n",
+        min=0,
+        help="Hinted runs (the label stated in the prompt) of a labelled prompt that no run "
+        "solved, a sub-round; kept only where a tool's output gave the answer. 0: no hints.",
+    ),
     tiny: bool = typer.Option(
         False,
         "--quick",
@@ -128,5 +135,6 @@ def demo(
         phase_timeout_s=phase_timeout,
         subrounds=subrounds,
         resample_n=resample_n,
+        hint_n=hint_n,
     )
     raise typer.Exit(main(opts, tiny=tiny))
