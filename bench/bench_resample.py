@@ -37,8 +37,9 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 PEER = 16
 
 
-def _starts(pack_name: str, prompts: int, tokenizer):
-    """The pack's agent's first calls on the demo's first problems, as the learner replays them."""
+def first_calls(pack_name: str, prompts: int, tokenizer):
+    """The pack's agent's first calls on the demo's first problems (its rounds' in order), as
+    the learner replays them."""
     from langchain_core.messages import HumanMessage
 
     from agents.events import ModelStep
@@ -56,8 +57,11 @@ def _starts(pack_name: str, prompts: int, tokenizer):
     specs = [t.spec() for t in agent.tools]
     seen, starts = set(), []
     opts = DemoOptions(pack=pack_name)
-    for task in round_tasks(opts, pack, 1) + round_tasks(opts, pack, 2):
-        if task.id in seen or len(starts) == prompts:
+    tasks = (task for r in range(1, 1000) for task in round_tasks(opts, pack, r))
+    for task in tasks:
+        if len(starts) == prompts:
+            break
+        if task.id in seen:
             continue
         seen.add(task.id)
         messages = to_openai([HumanMessage(task.input)], agent.system_prompt, list(agent.examples))
@@ -91,7 +95,7 @@ def one(a: argparse.Namespace) -> dict:
 
     model, tokenizer = load_base("smollm2", cache_dir=ModelSettings().model_cache)
     trainer = PolicyTrainer(model, tokenizer.pad_token_id or 0, TrainConfig())
-    starts = _starts(a.pack, a.prompts, tokenizer)
+    starts = first_calls(a.pack, a.prompts, tokenizer)
     loaded = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     seconds, runs = [], []
     for r in range(a.repeats):

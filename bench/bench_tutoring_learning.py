@@ -16,7 +16,7 @@ before the calculator's output (the call line) trains on whole-run feedback. `--
 `--resample-n` set how much of that free checking a round spends: `arloop learn`'s defaults
 unless given (the demo runs fewer to end within 7 minutes; the header says which). They cost
 compute, not human events. `--hint-n` sets the hinted runs a labelled prompt gets where none of
-its runs solved it (`RoundConfig.hint_n`; 0 to measure a round without them).
+its runs solved it (`RoundConfig.hint_n`, 0 by default: off).
 
 TRL: `GRPOTrainer` on prompts rendered exactly as the tutor's first model call (system prompt,
 the line tool format's block, the worked example, the scrubbed question: `render_prompt` with
@@ -475,7 +475,8 @@ def main() -> None:
         "--hint-n",
         type=int,
         default=LEARN_ROUND.hint_n,
-        help="hinted runs of a labelled prompt no run solved, a sub-round (0: no hints)",
+        help="hinted runs of a labelled prompt no run solved, a sub-round (default: `arloop "
+        "learn`'s, 0: no hints)",
     )
     ap.add_argument(
         "--trl-rewards",

@@ -104,7 +104,8 @@ def demo(
         "--hint-n",
         min=0,
         help="Hinted runs (the label stated in the prompt) of a labelled prompt that no run "
-        "solved, a sub-round; kept only where a tool's output gave the answer. 0: no hints.",
+        "solved, a sub-round; kept only where a tool's output gave the answer. 0 (the "
+        "default): no hints; SmolLM2 mostly copies the hint.",
     ),
     tiny: bool = typer.Option(
         False,

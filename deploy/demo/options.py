@@ -67,9 +67,9 @@ class DemoOptions:
     resample_n: int = 4
     """Runs of each labelled prompt a sub-round (`ARLOOP_ROUND__RESAMPLE_N`); fewer than
     `arloop learn`'s default, as `subrounds`."""
-    hint_n: int = 2
+    hint_n: int = 0
     """Hinted runs of a labelled prompt none of whose runs solved it, a sub-round
-    (`ARLOOP_ROUND__HINT_N`, `arloop learn`'s default; 0: no hints)."""
+    (`ARLOOP_ROUND__HINT_N`; 0, `arloop learn`'s default: no hints)."""
     fresh_draw: bool = False
     """Whether each round's gate draws its own held-out tasks from its champion, as `arloop
     learn` does by default (`ARLOOP_GATE__FRESH_DRAW`). Off, every gate runs v0's draw:
