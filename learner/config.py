@@ -55,7 +55,13 @@ class TrainConfig(BaseModel):
     """Weight of the entropy bonus; 0 computes entropy for the metric only."""
     micro_batch_size: int = Field(8, ge=1)
     """Sequences per forward/backward pass; gradients accumulate over all micro-batches of a
-    step, so gradient accumulation steps = ceil(len(samples) / micro_batch_size)."""
+    step, so gradient accumulation steps = ceil(len(samples) / micro_batch_size) or more
+    (`micro_batch_tokens`)."""
+    micro_batch_tokens: int = Field(4096, ge=1)
+    """Padded tokens per forward/backward pass at most (sequences x the longest; a longer
+    sequence goes alone): activation memory grows with tokens, not sequences. The triage
+    agent's answers after a knowledge-base search are 650-820 tokens long, and 8 of them in
+    one DPO pass took the learner to 11.8 GiB; the tutor's 8 x ~330 fit in one pass."""
     max_grad_norm: float = 1.0
     """Clip the global gradient norm to this; <= 0 disables clipping (the norm is still reported)."""
     dpo_beta: float = Field(0.1, gt=0.0)

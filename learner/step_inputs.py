@@ -4,20 +4,45 @@ proximal, behaviour and advantage tensors of a micro-batch, and the checks on a 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 import torch
 
 from learner.samples import Judged, PreferencePair, Sample
+
+T = TypeVar("T")
 
 
 def loss_mask(s: Sample) -> list[int]:
     return s.loss_mask if s.loss_mask is not None else [1] * len(s.completion_ids)
 
 
-def micro_batches(samples: list[Sample], size: int) -> list[list[Sample]]:
-    """Chunks of similar length (longest first): little padding, and the memory peak comes first."""
-    ordered = sorted(samples, key=lambda s: len(s.prompt_ids) + len(s.completion_ids), reverse=True)
-    return [ordered[i : i + size] for i in range(0, len(ordered), size)]
+def micro_batches(samples: list[Sample], size: int, tokens: int) -> list[list[Sample]]:
+    """Chunks of similar length (longest first): little padding, and the memory peak comes first;
+    at most `size` samples and `tokens` padded tokens each (`token_chunks`)."""
+    length = lambda s: len(s.prompt_ids) + len(s.completion_ids)  # noqa: E731
+    return token_chunks(sorted(samples, key=length, reverse=True), size, tokens, length)
+
+
+def token_chunks(
+    items: Sequence[T], rows: int, tokens: int, length: Callable[[T], int]
+) -> list[list[T]]:
+    """`items` in order, cut into chunks of at most `rows` items whose padded size (items x the
+    longest `length`) is at most `tokens`; an item longer than `tokens` goes alone."""
+    out: list[list[T]] = []
+    chunk: list[T] = []
+    longest = 0
+    for item in items:
+        n = length(item)
+        if chunk and (len(chunk) == rows or max(longest, n) * (len(chunk) + 1) > tokens):
+            out.append(chunk)
+            chunk, longest = [], 0
+        chunk.append(item)
+        longest = max(longest, n)
+    if chunk:
+        out.append(chunk)
+    return out
 
 
 def flat_proximal(chunk: list[Sample], logp: torch.Tensor) -> torch.Tensor:

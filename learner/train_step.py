@@ -42,6 +42,7 @@ from learner.step_inputs import (
     flat_proximal,
     loss_mask,
     micro_batches,
+    token_chunks,
 )
 from learner.step_metrics import TOKEN_MEANS, add_corr_sums, pg_metrics
 
@@ -117,7 +118,9 @@ class PolicyTrainer:
         sums: dict[str, float] = defaultdict(float)
         self._model.train()
         try:
-            batches = micro_batches(local, self.config.micro_batch_size)
+            batches = micro_batches(
+                local, self.config.micro_batch_size, self.config.micro_batch_tokens
+            )
             for i, chunk in enumerate(batches):
                 with self._sync_on(i == len(batches) - 1):
                     self._pg_micro_step(chunk, normalizer, sums)
@@ -137,8 +140,13 @@ class PolicyTrainer:
         check_pairs(pairs)
         local = self._shard(pairs)
         count = self._global_sum(len(local)) / self.accelerator.num_processes
-        per_chunk = max(1, self.config.micro_batch_size // 2)  # a pair is two sequences
-        chunks = [local[i : i + per_chunk] for i in range(0, len(local), per_chunk)]
+        # a pair is two sequences: its prompt with the longer side, twice
+        chunks = token_chunks(
+            local,
+            max(1, self.config.micro_batch_size // 2),
+            max(1, self.config.micro_batch_tokens // 2),
+            lambda p: len(p.prompt_ids) + max(len(p.chosen_ids), len(p.rejected_ids)),
+        )
         sums: dict[str, float] = defaultdict(float)
         self._model.train()
         try:
@@ -171,10 +179,12 @@ class PolicyTrainer:
         local = self._shard(examples)
         count = self._global_sum(len(local)) / self.accelerator.num_processes
         z0 = self._kto_reference_point(local)
-        chunks = [
-            local[i : i + self.config.micro_batch_size]
-            for i in range(0, len(local), self.config.micro_batch_size)
-        ]
+        chunks = token_chunks(
+            local,
+            self.config.micro_batch_size,
+            self.config.micro_batch_tokens,
+            lambda e: len(e.prompt_ids) + len(e.completion_ids),
+        )
         sums: dict[str, float] = defaultdict(float)
         self._model.train()
         try:

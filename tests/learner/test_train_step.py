@@ -15,6 +15,7 @@ from learner.logprobs import completion_logprobs, make_batch, selected_logprobs,
 from learner.policy.models import apply_lora
 from learner.policy.tiny_model import build_tiny_model
 from learner.samples import Judged, PreferencePair, Sample
+from learner.step_inputs import token_chunks
 from learner.train_step import OPTIMIZER_FILE, PolicyTrainer, TrainConfig
 
 # peft asks transformers a deprecated question on every forward
@@ -324,6 +325,52 @@ def test_optimizer_state_of_another_lora_rank_is_ignored_with_a_warning(tiny, tm
     assert "starting a fresh AdamW" in caplog.text
     assert _adam_state(rank16) == {}
     assert rank16.step([sample])["grad_norm"] > 0  # and it trains
+
+
+def test_micro_batches_are_cut_by_rows_and_by_padded_tokens():
+    items = [9, 5, 5, 4, 3, 2, 1]  # lengths, longest first as a step orders them
+    assert token_chunks(items, 8, 10**6, int) == [items]
+    assert token_chunks(items, 3, 10**6, int) == [[9, 5, 5], [4, 3, 2], [1]]
+    # padded to the chunk's longest: 9 + 5 would be 2 x 9 = 18 > 16
+    assert token_chunks(items, 8, 16, int) == [[9], [5, 5, 4], [3, 2, 1]]
+    assert token_chunks([20, 3], 8, 16, int) == [[20], [3]]  # too long for any pass: alone
+
+
+@pytest.mark.parametrize("kind", ["pg", "dpo"])
+def test_a_token_cap_splits_a_step_into_more_passes_and_gives_the_same_update(tiny, kind):
+    """Long rows (an agent's answer after a long tool output) train in more, smaller passes:
+    activation memory follows tokens. The update is the same, to float rounding."""
+    _, tok = tiny
+    prompt = _ids(tok, "What is 12 plus 30? " * 6)
+    texts = ["hello there", "The answer is 42.", "sorry", "Triage: see a doctor."]
+    samples = [
+        Sample(prompt, _ids(tok, t), advantage=a)
+        for t, a in zip(texts, [1, -1, 0.5, 2], strict=True)
+    ]
+    pairs = [
+        PreferencePair(prompt, _ids(tok, a), _ids(tok, b))
+        for a, b in zip(texts[:-1], texts[1:], strict=True)
+    ]
+    longest = len(prompt) + max(len(_ids(tok, t)) for t in texts)
+    updates, passes = [], []
+    for cap in (10**6, longest * 2):  # everything in one pass; two rows a pass (one pair)
+        model, _ = build_tiny_model(seed=0)
+        config = TrainConfig(learning_rate=1e-3, micro_batch_size=8, micro_batch_tokens=cap)
+        trainer = PolicyTrainer(model, tok.pad_token_id, config)
+        name = "_pg_micro_step" if kind == "pg" else "_dpo_micro_step"
+        seen, real = [], getattr(trainer, name)
+        counted = lambda chunk, *a, seen=seen, real=real: seen.append(len(chunk)) or real(chunk, *a)  # noqa: E731
+        setattr(trainer, name, counted)
+        start = _snapshot(trainer.model)
+        trainer.step(samples) if kind == "pg" else trainer.dpo_step(pairs)
+        after = _snapshot(trainer.model)
+        updates.append(torch.cat([(after[k] - start[k]).flatten() for k in start]))
+        passes.append(seen)
+    if kind == "pg":
+        assert passes == [[4], [2, 2]]
+    else:
+        assert passes == [[3], [1, 1, 1]]
+    assert (updates[0] - updates[1]).norm() < 1e-3 * updates[1].norm()
 
 
 def test_dpo_step_widens_the_chosen_minus_rejected_margin(tiny):
