@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from agents.events import FeedbackEvent, TrajectoryEvent
-from learner.logprobs import make_batch
+from learner.logprobs import last_logits_only, make_batch
 from learner.rewards import mean_score, scored
 
 HELDOUT_SHARE = 0.25
@@ -50,6 +50,7 @@ def features(
             input_ids=b.input_ids.to(device),
             attention_mask=b.attention_mask.to(device),
             output_hidden_states=True,
+            **last_logits_only(model),
         ).hidden_states[-1]  # (B, T, H)
         # completion_mask[:, t] marks target t+1: shifted, it marks the completion's own tokens
         mask = torch.nn.functional.pad(b.completion_mask, (1, 0)).to(device)  # (B, T)

@@ -75,6 +75,24 @@ def test_features_pool_the_completion_only_and_do_not_depend_on_the_batch():
     assert torch.allclose(together, apart, atol=1e-5)  # padding changes nothing
 
 
+def test_features_run_the_lm_head_on_one_position_and_match_the_full_pass(monkeypatch):
+    model, tok = build_tiny_model(seed=0)
+    prompts = [prompt_ids("What is 12 plus 30?"), prompt_ids("hi")]
+    completions = [completion_ids("The answer is 42."), completion_ids("sorry no")]
+    shapes = []
+    hook = model.get_output_embeddings().register_forward_hook(
+        lambda module, args, out: shapes.append(tuple(out.shape))
+    )
+    try:
+        got = features(model, prompts, completions, tok.pad_token_id, batch_size=2)
+    finally:
+        hook.remove()
+    assert shapes and all(s[1] == 1 for s in shapes)  # (B, 1, V): no logits per token
+    monkeypatch.setattr("learner.reward_model.last_logits_only", lambda model: {})
+    full = features(model, prompts, completions, tok.pad_token_id, batch_size=2)
+    assert torch.allclose(got, full, atol=1e-6)
+
+
 def _judged_runs(n: int, good_share: float = 0.5):
     """Runs with fixed ids, so the held-out split (a hash of the id) is the same every time."""
     runs = []
