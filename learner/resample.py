@@ -88,6 +88,11 @@ def hinted(start: Start) -> Start | None:
     )
 
 
+def hint_prompt_ids(start: Start, tokenizer: Any) -> list[int]:
+    """The first call's prompt as a hinted start's model sees it (the hint in it)."""
+    return _prompt(start, None, tokenizer, hint=True)
+
+
 def derived(run: Replay, answer: str) -> bool:
     """Whether a run's answer came from a tool: a tool's output states it and no turn of the
     model stated it before that output did (a hinted run that wrote it first copied the hint)."""

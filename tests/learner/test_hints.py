@@ -14,7 +14,7 @@ from learner.labels import Grounding, find_labels
 from learner.logprobs import completion_logprobs
 from learner.policy.chat_format import HERMES, prompt_token_ids
 from learner.policy.models import load_base
-from learner.resample import HINT, Replay, Start, Turn, derived, hinted, replay
+from learner.resample import HINT, Replay, Start, Turn, derived, hint_prompt_ids, hinted, replay
 from learner.subrounds import Sampling, plan_replays, run_subrounds
 from learner.train_step import PolicyTrainer, TrainConfig
 from tests.deploy.policy_server.support import train_to_say
@@ -191,4 +191,6 @@ def test_no_hint_for_an_agent_without_tools_or_a_message_that_is_not_text():
     assert hinted(Start(step, bare, "42", key="k")) is None
     parts = step.model_copy(update={"messages": [{"role": "user", "content": [{"type": "text"}]}]})
     assert hinted(Start(parts, TUTOR, "42", key="k")) is None
-    assert hinted(Start(step, TUTOR, "42", key="k")).hint == HINT.format(answer="42")
+    shown = hinted(Start(step, TUTOR, "42", key="k"))
+    assert shown.hint == HINT.format(answer="42")
+    assert hint_prompt_ids(shown, tok) == _ids(tok, HINTED)  # what a self-teacher is scored on
