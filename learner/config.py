@@ -61,7 +61,10 @@ class TrainConfig(BaseModel):
     """Padded tokens per forward/backward pass at most (sequences x the longest; a longer
     sequence goes alone): activation memory grows with tokens, not sequences. The triage
     agent's answers after a knowledge-base search are 650-820 tokens long, and 8 of them in
-    one DPO pass took the learner to 11.8 GiB; the tutor's 8 x ~330 fit in one pass."""
+    one DPO pass took the learner to 11.8 GiB; the tutor's 8 x ~330 fit in one pass. 2048 took
+    less memory still and was faster on rows with no prompt head in common, but 1.3-2x slower
+    where the rows share the agent's head (each pass runs it again): `bench/bench_train_memory.py
+    --caps 2048,1024`, docs: Figures."""
     max_grad_norm: float = 1.0
     """Clip the global gradient norm to this; <= 0 disables clipping (the norm is still reported)."""
     dpo_beta: float = Field(0.1, gt=0.0)

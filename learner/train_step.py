@@ -29,6 +29,7 @@ import torch
 from accelerate import Accelerator
 
 from learner.config import TrainConfig
+from learner.heap import trim_heap
 from learner.logprobs import TokenBatch, make_batch, selected_logprobs
 from learner.lora import attach_lora, frozen_copy, reference_view
 from learner.losses import clipped_pg_loss, dpo_loss, kto_loss, kto_reference_point
@@ -127,6 +128,7 @@ class PolicyTrainer:
             grad_norm = self._optimiser_step()
         finally:
             self._model.eval()
+            trim_heap()  # the pass's freed activations, back to the OS
         reduced = self._reduce(sums)
         # each process's loss is its tokens' sum over total / world: their sum is world x the mean
         reduced["loss"] /= self.accelerator.num_processes
@@ -156,6 +158,7 @@ class PolicyTrainer:
             grad_norm = self._optimiser_step()
         finally:
             self._model.eval()
+            trim_heap()  # the pass's freed activations, back to the OS
         s = self._reduce(sums)
         n = s["pairs"]
         return {
@@ -194,6 +197,7 @@ class PolicyTrainer:
             grad_norm = self._optimiser_step()
         finally:
             self._model.eval()
+            trim_heap()  # the pass's freed activations, back to the OS
         s = self._reduce(sums)
         good, bad = s.get("good", 0.0), s.get("bad", 0.0)
         return {

@@ -1,0 +1,34 @@
+"""Handing the heap a pass freed back to the operating system (glibc's `malloc_trim`).
+
+A CPU forward and backward pass allocates its activations through malloc and frees them when
+the pass ends, but glibc keeps freed pages in its arenas: after one training step on the triage
+agent's long rows the learner rested at 8.4 GiB with 1.0 GiB live, and the next update (or the
+policy server beside it) paid for the difference (`bench/bench_train_memory.py --trim`,
+docs: Figures). Trimming once a step returns those pages; it is a no-op off glibc (macOS,
+musl), where nothing is known to hold them.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import functools
+import sys
+from collections.abc import Callable
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
+        return None
+    return getattr(libc, "malloc_trim", None)  # glibc only
+
+
+def trim_heap() -> bool:
+    """Return freed heap pages to the operating system; whether any were returned."""
+    trim = _malloc_trim()
+    return bool(trim(0)) if trim is not None else False
