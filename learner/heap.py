@@ -1,11 +1,11 @@
 """Handing the heap a pass freed back to the operating system (glibc's `malloc_trim`).
 
 A CPU forward and backward pass allocates its activations through malloc and frees them when
-the pass ends, but glibc keeps freed pages in its arenas: after one training step on the triage
-agent's long rows the learner rested at 8.4 GiB with 1.0 GiB live, and the next update (or the
-policy server beside it) paid for the difference (`bench/bench_train_memory.py --trim`,
-docs: Figures). Trimming once a step returns those pages; it is a no-op off glibc (macOS,
-musl), where nothing is known to hold them.
+the pass ends, but glibc keeps freed pages in its arenas: after one policy-gradient step on 8
+of the triage agent's long rows the learner rested at 8.0 GiB, 1.0 GiB once trimmed
+(`bench/bench_train_memory.py --ops pg-dpo --distinct`, docs: Figures), memory the policy
+server and the agents beside it could not have. Trimming once a step returns those pages at no
+measured cost in time (a step's own peak is unchanged); a no-op off glibc (macOS, musl).
 """
 
 from __future__ import annotations
