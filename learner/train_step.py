@@ -22,7 +22,8 @@ import logging
 import math
 import time
 from collections import defaultdict
-from contextlib import nullcontext
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import torch
@@ -117,8 +118,7 @@ class PolicyTrainer:
             raise ValueError("no completion token has loss_mask 1: nothing to train on")
         normalizer = total / self.accelerator.num_processes  # DDP averages gradients over processes
         sums: dict[str, float] = defaultdict(float)
-        self._model.train()
-        try:
+        with self._training():
             batches = micro_batches(
                 local, self.config.micro_batch_size, self.config.micro_batch_tokens
             )
@@ -126,9 +126,6 @@ class PolicyTrainer:
                 with self._sync_on(i == len(batches) - 1):
                     self._pg_micro_step(chunk, normalizer, sums)
             grad_norm = self._optimiser_step()
-        finally:
-            self._model.eval()
-            trim_heap()  # the pass's freed activations, back to the OS
         reduced = self._reduce(sums)
         # each process's loss is its tokens' sum over total / world: their sum is world x the mean
         reduced["loss"] /= self.accelerator.num_processes
@@ -150,15 +147,11 @@ class PolicyTrainer:
             lambda p: len(p.prompt_ids) + max(len(p.chosen_ids), len(p.rejected_ids)),
         )
         sums: dict[str, float] = defaultdict(float)
-        self._model.train()
-        try:
+        with self._training():
             for i, chunk in enumerate(chunks):
                 with self._sync_on(i == len(chunks) - 1):
                     self._dpo_micro_step(chunk, count, sums)
             grad_norm = self._optimiser_step()
-        finally:
-            self._model.eval()
-            trim_heap()  # the pass's freed activations, back to the OS
         s = self._reduce(sums)
         n = s["pairs"]
         return {
@@ -189,15 +182,11 @@ class PolicyTrainer:
             lambda e: len(e.prompt_ids) + len(e.completion_ids),
         )
         sums: dict[str, float] = defaultdict(float)
-        self._model.train()
-        try:
+        with self._training():
             for i, chunk in enumerate(chunks):
                 with self._sync_on(i == len(chunks) - 1):
                     self._kto_micro_step(chunk, z0, count, sums)
             grad_norm = self._optimiser_step()
-        finally:
-            self._model.eval()
-            trim_heap()  # the pass's freed activations, back to the OS
         s = self._reduce(sums)
         good, bad = s.get("good", 0.0), s.get("bad", 0.0)
         return {
@@ -371,6 +360,17 @@ class PolicyTrainer:
         self._optimizer.step()
         self._optimizer.zero_grad(set_to_none=True)
         return float(grad_norm)
+
+    @contextmanager
+    def _training(self) -> Iterator[None]:
+        """Train mode for one update; after it (or its error) eval mode, and the pass's freed
+        activations handed back to the OS (`learner.heap`)."""
+        self._model.train()
+        try:
+            yield
+        finally:
+            self._model.eval()
+            trim_heap()
 
     def _sync_on(self, last: bool):
         return nullcontext() if last else self.accelerator.no_sync(self._model)

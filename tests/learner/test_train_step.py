@@ -470,3 +470,34 @@ def test_a_restated_pairs_nll_raises_the_changed_tokens_beyond_what_dpo_alone_do
     with_nll, mixed = tail_logp(1.0)
     assert plain["nll"] == 0.0 and mixed["nll"] > 0.0
     assert with_nll > dpo_only + 0.1, (with_nll, dpo_only)
+
+
+@pytest.mark.parametrize("kind", ["pg", "dpo", "kto"])
+@pytest.mark.parametrize("fails", [False, True])
+def test_every_update_ends_in_eval_mode_with_the_heap_trimmed(tiny, monkeypatch, kind, fails):
+    import learner.train_step as train_step
+
+    model, tok = tiny
+    trainer = PolicyTrainer(model, tok.pad_token_id, TrainConfig())
+    trims: list[bool] = []
+    monkeypatch.setattr(train_step, "trim_heap", lambda: trims.append(trainer.model.training))
+    if fails:
+
+        def boom(*args, **kwargs):
+            assert trainer.model.training  # the failure came mid-update, in train mode
+            raise RuntimeError("out of memory")
+
+        monkeypatch.setattr(trainer, "_optimiser_step", boom)
+    p, good, bad = _ids(tok, "What is 2 plus 2?"), _ids(tok, "4"), _ids(tok, "five")
+    update = {
+        "pg": lambda: trainer.step([Sample(p, good, 1.0), Sample(p, bad, -1.0)]),
+        "dpo": lambda: trainer.dpo_step([PreferencePair(p, good, bad)]),
+        "kto": lambda: trainer.kto_step([Judged(p, good, True), Judged(p, bad, False)]),
+    }[kind]
+    if fails:
+        with pytest.raises(RuntimeError, match="out of memory"):
+            update()
+    else:
+        update()
+    assert trims == [False]  # trimmed once, after eval mode was restored
+    assert not trainer.model.training
