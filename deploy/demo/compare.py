@@ -1,10 +1,14 @@
 """The demo's closing measurement: the final champion against v0, by the gate's own test.
 
-Run on v0's draw, the draw of every demo gate (`fresh_draw` off), with the demo's gate
-settings, so both versions' runs come from Redis as far as their gates went, and only the
-samples and tasks beyond them cost anything: the sequential test on sampled, coupled runs,
-run on until "improved" is settled, gives the difference and its repeated 95% interval, and
-whole runs through the agent at the serving temperature give what users would see.
+On held-out tasks no gate of the demo ran (`final_draw="unseen"`, the default): the gates
+chose which versions to release on their own tasks, so a check on those tasks would favour
+the versions they chose. With the demo's gate settings: the sequential test on sampled,
+coupled runs, run on until "improved" is settled, gives the difference and its repeated 95%
+interval, and whole runs through the agent at the serving temperature give what users would
+see. Where the pool holds fewer unseen tasks than the test's first look (the quick demo's
+12, the medical pack's 60 against its gates' 48), or with `final_draw="gates"`, it runs on
+v0's draw, the draw of every demo gate: both versions' runs then come from Redis as far as
+their gates went, and the report says that the tasks were the gates' own.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from deploy.demo.stack import Stack
 from deploy.learn.agent_runs import agent_suite
 from learner.gate.eval_gate import GateConfig, sequential_summary
 from learner.gate.runner import GateRunner
-from learner.policy.registry import BASE_VERSION, CHAMPION, PolicyRegistry
+from learner.policy.registry import BASE_VERSION, CHAMPION, PolicyRegistry, version_number
 
 
 def final_comparison(
@@ -34,9 +38,11 @@ def final_comparison(
     max_tokens: int,
     concurrency: int,
     console: Console,
+    draw: str = "unseen",
 ) -> dict[str, Any] | None:
-    """The final champion vs v0 (`report.comparison`'s figures); None when v0 is still champion.
-    `config`: the learner's gate settings (the same draw, seeds and cache entries)."""
+    """The final champion vs v0 (`report.comparison`'s figures, and which tasks: `draw`);
+    None when v0 is still champion. `config`: the learner's gate settings (the same draw,
+    seeds and cache entries); `draw`: "unseen" or "gates" (the module's text)."""
     final = registry.resolve(CHAMPION)
     if final == BASE_VERSION:
         return None
@@ -66,6 +72,18 @@ def final_comparison(
             progress=progress,
         )
         gate = GateRunner(registry, suite, config)
-        evaluation = gate.run(final, BASE_VERSION, guards=False)
+        unseen_by = unseen_champions(gate, registry, final) if draw == "unseen" else ()
+        evaluation = gate.run(final, BASE_VERSION, guards=False, unseen_by=unseen_by)
     test = sequential_summary(evaluation.test, config)
-    return comparison(BASE_VERSION, final, test, evaluation.episodes)
+    tasks = "unseen" if unseen_by else "gates"
+    return comparison(BASE_VERSION, final, test, evaluation.episodes) | {"draw": tasks}
+
+
+def unseen_champions(gate: GateRunner, registry: PolicyRegistry, final: str) -> list[str]:
+    """The versions whose gates' tasks the final check leaves out (every version before
+    `final`: each gate drew from one of them); [] when fewer tasks than the test's first look
+    would be left (the check then runs on the gates' own)."""
+    last = version_number(final) or 0
+    earlier = [v.version for v in registry.versions() if (version_number(v.version) or 0) < last]
+    order, _ = gate.order(gate.suite.pool(), final, BASE_VERSION, earlier)
+    return earlier if len(order) >= min(gate.config.looks) else []

@@ -12,7 +12,7 @@ import json
 import secrets
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from agents.packs.base import Pack
 
@@ -75,6 +75,11 @@ class DemoOptions:
     learn` does by default (`ARLOOP_GATE__FRESH_DRAW`). Off, every gate runs v0's draw:
     round 2's gate finds v1's runs cached from round 1's (it was the candidate there), and the
     final check finds v2's from round 2's. The learning bench turns it on, as it was measured."""
+    final_draw: Literal["unseen", "gates"] = "unseen"
+    """Which held-out tasks the final check (v2 against v0) runs: "unseen", tasks no gate ran
+    (free of the choice the gates made; both versions run them afresh), or "gates", v0's
+    draw, where both versions' runs come from the gates' cache. Unseen falls back to the gates'
+    tasks where the pool leaves fewer than the test's first look (`deploy.demo.compare`)."""
 
 
 DEMO_GATE: dict[str, Any] = {

@@ -235,8 +235,9 @@ def headline(report: Report) -> str:
             f"No version passed the gate: the champion is still {report.champion}, so the "
             "demo did NOT show an improvement."
         )
+    which = {"unseen": " no gate ran", "gates": " (the gates' own)"}.get(imp.get("draw"), "")
     figures = (
-        f"{imp['final']} vs {imp['baseline']} on {imp['tasks']} held-out tasks x "
+        f"{imp['final']} vs {imp['baseline']} on {imp['tasks']} held-out tasks{which} x "
         f"{imp['samples']} sampled runs (the same seeds for both): "
         f"{imp['champion_rate']:.0%} -> {imp['candidate_rate']:.0%}, difference "
         f"{imp['diff']:+.3f} (95% repeated CI {imp['ci_low']:+.3f} to {imp['ci_high']:+.3f})"

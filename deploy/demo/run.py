@@ -122,6 +122,7 @@ def run_demo(opts: DemoOptions, console: Console) -> tuple[Report, Path]:
             max_tokens=opts.max_tokens,
             concurrency=batch_size(opts),
             console=console,
+            draw=opts.final_draw,
         )
         report = build_report(client, pack, improvement)
     finally:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -187,13 +187,21 @@ class GateRunner:
         )
         return dataclasses.replace(report, seconds=run.seconds)
 
-    def run(self, version: str, champion: str, *, guards: bool = True) -> Evaluation:
+    def run(
+        self, version: str, champion: str, *, guards: bool = True, unseen_by: Sequence[str] = ()
+    ) -> Evaluation:
         """Steps 1-4 of the module's list, without the models' figures (`guards` False: not
-        step 4's greedy runs either, for a comparison that releases nothing)."""
+        step 4's greedy runs either, for a comparison that releases nothing). `unseen_by`:
+        champions whose gates' tasks this run must not reuse; it draws from the rest of the
+        pool (a check free of the selection those gates made), else the champion's draw."""
         c = self.config
         pool = self.suite.pool()
-        draw = draw_seed(champion if c.fresh_draw else BASE_VERSION, self.suite.name)
-        order = stratified_order([i.stratum for i in pool], draw, limit=max(c.looks))
+        order, draw = self.order(pool, version, champion, unseen_by)
+        if not order:
+            raise ValueError(
+                f"the held-out pool ({len(pool)} tasks) has none that the gates of "
+                f"{', '.join(unseen_by)} did not run: enlarge it"
+            )
         items = [pool[i] for i in order]
         if self.suite.temperature > 0:  # an agent that samples greedily runs once a task
             seeds = [
@@ -218,6 +226,25 @@ class GateRunner:
         evaluation.candidate = SuiteRun(version, tuple(mine))
         evaluation.seconds["episodes"] = time.perf_counter() - start
         return evaluation
+
+    def order(
+        self, pool: Sequence[GateTask], version: str, champion: str, unseen_by: Sequence[str] = ()
+    ) -> tuple[list[int], int]:
+        """(indices into `pool` a run takes, in order; the draw that seeds their samples): the
+        champion's draw, or with `unseen_by` a draw of what those champions' gates did not
+        take (as far as this config's looks reach), possibly shorter or empty."""
+        strata = [i.stratum for i in pool]
+        limit = max(self.config.looks)
+        if not unseen_by:
+            draw = self.draw(champion)
+            return stratified_order(strata, draw, limit=limit), draw
+        seen = {i for v in unseen_by for i in stratified_order(strata, self.draw(v), limit)}
+        draw = draw_seed("unseen:" + version, self.suite.name)
+        return [i for i in stratified_order(strata, draw) if i not in seen][:limit], draw
+
+    def draw(self, champion: str) -> int:
+        """The seed of the tasks a gate against `champion` runs (v0's with `fresh_draw` off)."""
+        return draw_seed(champion if self.config.fresh_draw else BASE_VERSION, self.suite.name)
 
     def _sequential(self, version, champion, items, seeds) -> SequentialResult:
         c = self.config

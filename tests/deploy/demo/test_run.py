@@ -71,6 +71,8 @@ def test_versions_and_verdicts_match_the_registry(demo):
     assert gate is not None and (gate["verdict"], gate["reason"]) == (v1["verdict"], v1["reason"])
     assert v1["status"] == registry.get("v1").status.value
     assert v1["train_reward"] == registry.get("v1").metrics["reward"]
+    if saved["improvement"] is not None:  # the gates ran all 12 of the quick pool's tasks
+        assert saved["improvement"]["draw"] == "gates"
 
 
 def test_traffic_and_eval_figures_are_what_redis_holds(demo):

@@ -413,3 +413,47 @@ def test_a_gate_that_raises_writes_nothing_until_it_gives_up(stack, redis_server
     assert "Connection refused" in lines[-1] and "retried" in lines[-1]
     assert registry.get(version).status is VersionStatus.READY
     assert registry.get(version).report is None and control._retry_at > time.monotonic() + 20
+
+
+def test_a_check_on_unseen_tasks_runs_none_of_the_gates_and_refuses_an_exhausted_pool(
+    stack, redis_server
+):
+    """The demo's final check: v1 against v0 on tasks no gate of v0's draw ran, both versions
+    run afresh (nothing comes from the gate's cache); a pool the gates used up is refused."""
+    client, registry, url = stack
+    _forget_evals(client)
+    seen: list[str] = []
+    suite = _suite(redis_server.url, [coin_pack()], url, temperature=1.0)
+    suite.runs.progress = lambda what, done, total: seen.append(what.split()[0])
+    config = GateConfig(
+        margin=0.3, samples=2, looks=(6,), guard_tasks=3, full_tasks=3, fresh_draw=False
+    )
+    gate = _gate(registry, suite, config)
+    gated = {t.key for t in gate.run("v1", "v0").items}
+    seen.clear()
+    check = gate.run("v1", "v0", guards=False, unseen_by=["v0", "v1"])
+    unseen = {t.key for t in check.items}
+    assert len(gated) == len(unseen) == 6 and not gated & unseen  # the other half of 12
+    assert {"v0", "v1"} <= set(seen)  # neither version's runs came from the gate's cache
+    again = gate.run("v1", "v0", guards=False).items  # without it: the gate's own tasks
+    assert {t.key for t in again} == gated
+    wide = GateConfig(margin=0.3, samples=2, looks=(12,), guard_tasks=3, full_tasks=3)
+    with pytest.raises(ValueError, match="enlarge it"):
+        _gate(registry, suite, wide).run("v1", "v0", guards=False, unseen_by=["v0"])
+
+
+def test_the_demos_final_check_leaves_out_every_earlier_versions_draw_while_enough_is_left(
+    stack, redis_server
+):
+    from deploy.demo.compare import unseen_champions
+
+    _, registry, url = stack
+    suite = _suite(redis_server.url, [coin_pack()], url, temperature=1.0)
+
+    def gate(looks):
+        return _gate(registry, suite, GateConfig(looks=looks, fresh_draw=False))
+
+    assert unseen_champions(gate((6,)), registry, "v1") == ["v0"]  # 6 of 12 left: a look
+    assert unseen_champions(gate((4, 8)), registry, "v1") == ["v0"]  # 4 left: the first look
+    assert unseen_champions(gate((7,)), registry, "v1") == []  # 5 left: the gates' own tasks
+    assert unseen_champions(gate((6,)), registry, "v0") == []  # nothing before v0
