@@ -117,7 +117,7 @@ def run_demo(opts: DemoOptions, console: Console) -> tuple[Report, Path]:
             stack,
             registry,
             pack,
-            GateConfig(**FINAL_CHECK),
+            GateConfig(**FINAL_CHECK, samples=opts.gate_samples),
             temperature=opts.temperature,
             max_tokens=opts.max_tokens,
             concurrency=batch_size(opts),

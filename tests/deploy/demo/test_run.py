@@ -97,8 +97,8 @@ def test_traffic_and_eval_figures_are_what_redis_holds(demo):
             verdict = pack.verify(task, t.output) >= 1
             solved.setdefault(t.metadata["arloop.eval"], {})[task.id] = verdict
     assert forms["sampled"] and forms["greedy"], forms
-    for v, row in saved.items():
-        assert (row["eval_solved"], row["eval_n"]) == (sum(solved[v].values()), 12), v
+    for v, row in saved.items():  # the gates' and final check's whole runs: 8 of the 12 tasks
+        assert (row["eval_solved"], row["eval_n"]) == (sum(solved[v].values()), 8), v
 
 
 @needs_llamacpp

@@ -138,8 +138,9 @@ def test_stopping_at_release_keeps_every_release_decision_and_runs_fewer_tasks()
 
 
 def test_the_demos_final_check_settles_a_20_point_gain_at_its_first_look_mostly():
-    champion, candidate = _streams(0.20, seed=4, runs=1000, n=DEMO_LOOKS[-1])
+    champion, candidate = _streams(0.20, seed=4, runs=1000, n=DEMO_LOOKS[-1], k=DEMO_K)
     results = [sequential_test(a, b, DEMO_LOOKS) for a, b in zip(champion, candidate, strict=True)]
     first = np.mean([r.improved == IMPROVED and r.stopped_at == DEMO_LOOKS[0] for r in results])
     print(f"\n+20 points: improved at the first look {first:.3f}")
-    assert first >= 0.8  # deploy/demo/options.py's DEMO_GATE comment gives the figure (about 87 %)
+    assert first >= 0.7  # deploy/demo/options.py's FINAL_CHECK comment gives the figure (76 %)
+    assert all(r.improved == IMPROVED for r in results)  # and by its last look, always
