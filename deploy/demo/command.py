@@ -112,7 +112,7 @@ def demo(
         "unseen",
         "--final-draw",
         help="Held-out tasks of the final check (the champion against v0): unseen, tasks no "
-        "gate ran, so the gates' choice of what to release does not favour it (about 40 s "
+        "gate ran, so the gates' choice of what to release does not favour it (30-40 s "
         "more: both versions run them afresh); gates, the gates' own tasks, from their cache.",
     ),
     tiny: bool = typer.Option(

@@ -73,8 +73,9 @@ class DemoOptions:
     fresh_draw: bool = False
     """Whether each round's gate draws its own held-out tasks from its champion, as `arloop
     learn` does by default (`ARLOOP_GATE__FRESH_DRAW`). Off, every gate runs v0's draw:
-    round 2's gate finds v1's runs cached from round 1's (it was the candidate there), and the
-    final check finds v2's from round 2's. The learning bench turns it on, as it was measured."""
+    round 2's gate finds v1's runs cached from round 1's (it was the candidate there), and with
+    `final_draw="gates"` the final check finds v2's from round 2's. The learning bench turns it
+    on, as it was measured."""
     final_draw: Literal["unseen", "gates"] = "unseen"
     """Which held-out tasks the final check (v2 against v0) runs: "unseen", tasks no gate ran
     (free of the choice the gates made; both versions run them afresh), or "gates", v0's
@@ -89,7 +90,7 @@ DEMO_GATE: dict[str, Any] = {
     # (77 % with 8) and a true 10-point regression 0.1 % (tests/learner/gate/test_sequential.py
     # simulates them; in six demo runs the first 6 of 8 samples gave all 12 gates the release
     # decision the 8 gave). Each gate stops once "not worse" is settled (the release decision
-    # is the same); "improved" is settled by the final check, v2 against v0 on v0's draw.
+    # is the same); "improved" is settled by the final check, v2 against v0 on tasks no gate ran.
     "looks": [24, 48],
     "full_tasks": 8,
     "guard_tasks": 8,
@@ -101,9 +102,9 @@ its final check uses them too."""
 FINAL_CHECK = DEMO_GATE | {"stop_when_released": False}
 """The final check: a demo gate's test and whole runs, run on until "improved" is settled, on
 tasks no gate ran (`DemoOptions.final_draw`), so both versions run them afresh: the gates'
-samples a task (6: a true 20-point gain shows "improved" at its first look 76 % of the time, a
-true 10-point gain in the end 90 %; 8: 87 % and 98 %, at a quarter more runs), and 8 whole
-runs give the users' view."""
+samples a task (6: a true 20-point gain shows "improved" at its first look 76 % of the time
+and by the last look always, `tests/learner/gate/test_sequential.py`), and 8 whole runs give
+the users' view."""
 
 
 GROUPS = {"tutoring": 4, "medical": 1}
