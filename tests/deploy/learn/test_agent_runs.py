@@ -321,12 +321,8 @@ def test_sampled_runs_are_coupled_by_seed_and_the_champions_are_cached(stack, re
     assert "sampled runs a task, the same seeds for both" in report.summary()
 
 
-@pytest.mark.parametrize("fresh", [True, False])
-def test_without_fresh_draws_a_later_gate_reuses_every_run_of_an_earlier_one(
-    stack, redis_server, fresh
-):
-    """v1 judged against v0, then v0 judged against v1 as champion: with v0's draw for every
-    gate the second finds both versions' runs cached; a fresh draw runs new tasks."""
+def _coin_gate(stack, redis_server, fresh: bool) -> tuple[GateRunner, list[str]]:
+    """A small gate on the coin pack with nothing cached, and the versions it runs, in order."""
     client, registry, url = stack
     _forget_evals(client)
     seen: list[str] = []
@@ -335,7 +331,16 @@ def test_without_fresh_draws_a_later_gate_reuses_every_run_of_an_earlier_one(
     config = GateConfig(
         margin=0.3, samples=2, looks=(6,), guard_tasks=3, full_tasks=3, fresh_draw=fresh
     )
-    gate = _gate(registry, suite, config)
+    return _gate(registry, suite, config), seen
+
+
+@pytest.mark.parametrize("fresh", [True, False])
+def test_without_fresh_draws_a_later_gate_reuses_every_run_of_an_earlier_one(
+    stack, redis_server, fresh
+):
+    """v1 judged against v0, then v0 judged against v1 as champion: with v0's draw for every
+    gate the second finds both versions' runs cached; a fresh draw runs new tasks."""
+    gate, seen = _coin_gate(stack, redis_server, fresh)
     gate.evaluate("v1", "v0")
     assert {"v0", "v1"} <= set(seen)  # the first gate ran both
     seen.clear()
@@ -420,15 +425,8 @@ def test_a_check_on_unseen_tasks_runs_none_of_the_gates_and_refuses_an_exhausted
 ):
     """The demo's final check: v1 against v0 on tasks no gate of v0's draw ran, both versions
     run afresh (nothing comes from the gate's cache); a pool the gates used up is refused."""
-    client, registry, url = stack
-    _forget_evals(client)
-    seen: list[str] = []
-    suite = _suite(redis_server.url, [coin_pack()], url, temperature=1.0)
-    suite.runs.progress = lambda what, done, total: seen.append(what.split()[0])
-    config = GateConfig(
-        margin=0.3, samples=2, looks=(6,), guard_tasks=3, full_tasks=3, fresh_draw=False
-    )
-    gate = _gate(registry, suite, config)
+    gate, seen = _coin_gate(stack, redis_server, fresh=False)
+    registry, suite = gate.registry, gate.suite
     gated = {t.key for t in gate.run("v1", "v0").items}
     seen.clear()
     check = gate.run("v1", "v0", guards=False, unseen_by=["v0", "v1"])
