@@ -136,7 +136,7 @@ def test_the_held_out_share_is_fixed_per_run():
 def test_the_minimum_of_judged_runs_keeps_a_reward_model_without_signal_from_passing_its_check():
     """Why `reward_model_min_runs` is 64 and not one demo round's 48 judged runs: a model whose
     scores say nothing passes the held-out AUROC check (`reward_model_min_auroc`) by chance
-    about 6 % of the time at 64 runs, about 11 % at 48 (simulated: the real held-out split,
+    about 7 % of the time at 64 runs, about 11 % at 48 (simulated: the real held-out split,
     half the runs judged good, scores at random)."""
     config = RoundConfig()
     rng = random.Random(0)
