@@ -266,9 +266,6 @@ def _options(a: argparse.Namespace, work: Path) -> demo.DemoOptions:
         resample_n=a.resample_n,
         hint_n=a.hint_n,
         fresh_draw=True,  # each later gate on its champion's draw, as every run here measured
-        # the arm's figures are this bench's own held-out runs; the demo's final check is not
-        # read, so it runs where the gates' cache has its runs, as when these were measured
-        final_draw="gates",
     )
 
 
