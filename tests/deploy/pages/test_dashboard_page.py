@@ -110,8 +110,10 @@ def copy_redis(source, directory):
     server = start_redis(directory)
     target = redis.Redis.from_url(server.url)
     for key in source.scan_iter(count=500):
-        ttl = source.pttl(key)
-        target.restore(key, ttl if ttl > 0 else 0, source.dump(key), replace=True)
+        ttl, value = source.pttl(key), source.dump(key)
+        if value is None:  # a key whose TTL ran out between the scan and the dump
+            continue
+        target.restore(key, ttl if ttl > 0 else 0, value, replace=True)
     return server, target
 
 
