@@ -3,7 +3,7 @@ servers' heartbeats, the streams, and live traffic (`traffic.Tally`).
 
 The agent API imports no learner code: it reads the registry's hashes (`policy_version_key`,
 each field JSON as `learner.policy.lifecycle.PolicyVersion.to_hash` writes it), the learner's
-`arloop:learner:status` and the servers' `arloop:serving:*` keys, all named in agents/events.py.
+`arloop:learner:status` and the servers' `arloop:serving:*` keys, all named in agents/events/keys.py.
 Blocking (sync Redis): the route runs it in a thread.
 """
 
