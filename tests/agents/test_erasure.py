@@ -21,6 +21,7 @@ from agents.events import (
 from agents.feedback_intake import FeedbackIntake, FeedbackSubmission
 from agents.feedback_tokens import issue
 from agents.trajectory_sink import TrajectorySink
+from tests.shard_ids import spread_ids
 
 SECRET = "s" * 40
 SHARDS = StreamShards(3)
@@ -33,9 +34,9 @@ async def acluster(cluster_url):
     await client.aclose()
 
 
-def run_of(user: str) -> TrajectoryEvent:
+def run_of(user: str, event_id: str) -> TrajectoryEvent:
     return TrajectoryEvent(
-        event_id=new_id("traj"),
+        event_id=event_id,
         thread_id="th",
         agent="tutor",
         user_id=user,
@@ -51,7 +52,8 @@ def run_of(user: str) -> TrajectoryEvent:
 async def test_a_users_events_go_from_every_shard_on_a_cluster(acluster):
     sink = TrajectorySink(acluster, shards=SHARDS)
     intake = FeedbackIntake(acluster, SECRET, rate_per_minute=1000, shards=SHARDS)
-    runs = [run_of(user) for _ in range(6) for user in ("u_gone", "u_kept")]
+    ids = spread_ids(SHARDS)  # the shards in turn: u_gone's runs on 0, 2, 1, 0, 2, 1
+    runs = [run_of(user, next(ids)) for _ in range(6) for user in ("u_gone", "u_kept")]
     for run in runs:
         await sink.write(run)
         token = issue(SECRET, run.trajectory_id, run.user_id, "v0", 3600)

@@ -74,6 +74,7 @@ def trajectory(
     logprobs: bool = False,
     finished_at: float | None = None,
     tool_turn: bool = False,
+    event_id: str | None = None,
 ) -> TrajectoryEvent:
     """A one-turn run, or with `tool_turn` a calculator call (step 0), its result, and an answer."""
     now = time.time() if finished_at is None else finished_at
@@ -92,7 +93,7 @@ def trajectory(
             model_step(2, prompt + " 42", answer, with_ids=with_ids, logprobs=logprobs),
         ]
     return TrajectoryEvent(
-        event_id=new_id("traj"),
+        event_id=event_id or new_id("traj"),
         thread_id=new_id("thread"),
         agent="tutor",
         user_id=user,

@@ -25,6 +25,7 @@ from learner.policy.registry import CHAMPION, PolicyRegistry
 from learner.store import Store
 from tests.learner.learner_events import feedback, trajectory, xadd
 from tests.model_cache import MODEL_CACHE
+from tests.shard_ids import spread_ids
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -75,9 +76,12 @@ def _settings(redis_url: str, data_dir: Path) -> LearnerSettings:
 
 
 def _seed(redis_client, n: int = 4, shards: StreamShards = ONE_SHARD) -> list[str]:
+    """`n` runs, each with a thumbs, on the shards in turn."""
     ids = []
+    runs = spread_ids(shards)
     for i in range(n):
-        t = trajectory(answer="#### 42" if i % 2 else "#### 40", logprobs=True, user=f"u{i}")
+        answer = "#### 42" if i % 2 else "#### 40"
+        t = trajectory(answer=answer, logprobs=True, user=f"u{i}", event_id=next(runs))
         f = feedback(t.event_id, "thumbs", 1 if i % 2 else -1, user=f"u{i}")
         for e in (t, f):
             xadd(redis_client, e, shards)

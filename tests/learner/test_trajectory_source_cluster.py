@@ -5,6 +5,8 @@ read is persisted once, then acknowledged, across a restart."""
 
 from __future__ import annotations
 
+from itertools import islice
+
 import pytest
 from redis.cluster import RedisCluster
 
@@ -18,6 +20,7 @@ from agents.events import (
 from learner.store import Store
 from learner.trajectory_source import TrajectorySource
 from tests.learner.learner_events import feedback, trajectory, xadd
+from tests.shard_ids import spread_ids
 
 
 @pytest.fixture
@@ -93,7 +96,7 @@ def test_a_bad_entry_goes_to_the_dead_letter_stream(cluster, store):
 def test_every_shard_is_read_once_and_a_dead_letter_stays_in_its_shard(cluster, store):
     shards = StreamShards(3)
     source = _source(cluster, store, shards=shards)
-    runs = [trajectory(with_ids=False) for _ in range(9)]
+    runs = [trajectory(with_ids=False, event_id=i) for i in islice(spread_ids(shards), 9)]
     for t in runs:
         xadd(cluster, t, shards)
         xadd(cluster, feedback(t.event_id), shards)

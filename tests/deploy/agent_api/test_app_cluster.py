@@ -14,7 +14,9 @@ from agents.events import (
     StreamShards,
     decode,
 )
+from deploy.agent_api import app as agent_app
 from tests.fakes.scripted_llm import Reply
+from tests.shard_ids import spread_new_id
 
 
 def test_twelve_runs_and_their_feedback_on_a_cluster(start_api, llm, cluster_url):
@@ -95,8 +97,11 @@ def test_a_teams_run_over_chat_completions_on_a_cluster(start_api, llm, cluster_
     assert event.trajectory_id == trajectory_id and len(event.model_steps) == 2
 
 
-def test_sharded_streams_put_each_run_and_its_feedback_in_its_shard(start_api, llm, cluster_url):
+def test_sharded_streams_put_each_run_and_its_feedback_in_its_shard(
+    start_api, llm, cluster_url, monkeypatch
+):
     shards = StreamShards(3)
+    monkeypatch.setattr(agent_app, "new_id", spread_new_id(shards))  # the runs on each shard
     api = start_api(redis_url=cluster_url, redis_cluster=True, stream_shards=3)
     assert api.http.get("/healthz").status_code == 200
     runs = []
@@ -120,7 +125,7 @@ def test_sharded_streams_put_each_run_and_its_feedback_in_its_shard(start_api, l
         assert client.get(STREAM_SHARDS_KEY) == b"3"  # recorded for the next process to check
     assert set(shard_of) == {r["trajectory_id"] for r in runs}
     assert all(ks == {shards.of(run)} for run, ks in shard_of.items())  # run + feedback: one
-    assert len({shards.of(run) for run in shard_of}) > 1  # and the runs spread
+    assert {shards.of(run) for run in shard_of} == {0, 1, 2}  # and the runs spread
 
 
 def test_healthz_is_not_ready_on_streams_sharded_another_way(start_api, cluster_url):

@@ -7,22 +7,30 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from agents.events import StreamShards, decode
+from deploy.agent_api import app as agent_app
 from tests.deploy.agent_api.test_review import REVIEWER, keys
 from tests.fakes.scripted_llm import Reply
+from tests.shard_ids import spread_new_id
 
 SHARDS = StreamShards(3)
 
 
 def logged(api, llm, n: int) -> list[dict]:
-    """`n` runs of three users, oldest first, each with one thumbs (up for the odd ones)."""
+    """`n` runs of three users, oldest first, each with one thumbs (up for the odd ones), on
+    the shards in turn."""
     out = []
-    for i in range(n):
-        llm.push(Reply(content=f"{i}"))
-        body = api.run(f"What is {i}+1?", user=f"u{i % 3}").json()
-        token = {k: body[k] for k in ("trajectory_id", "feedback_token")}
-        assert api.feedback(kind="thumbs", value=1 if i % 2 else -1, **token).status_code == 202
-        out.append(body)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(agent_app, "new_id", spread_new_id(SHARDS))
+        for i in range(n):
+            llm.push(Reply(content=f"{i}"))
+            body = api.run(f"What is {i}+1?", user=f"u{i % 3}").json()
+            token = {k: body[k] for k in ("trajectory_id", "feedback_token")}
+            thumbs = api.feedback(kind="thumbs", value=1 if i % 2 else -1, **token)
+            assert thumbs.status_code == 202, thumbs.text
+            out.append(body)
     assert len({SHARDS.of(b["trajectory_id"]) for b in out}) > 1  # the runs spread
     return out
 

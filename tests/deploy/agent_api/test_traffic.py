@@ -21,6 +21,7 @@ from deploy.agent_api import traffic
 from deploy.agent_api.traffic import RecentIds, Tally
 from learner.policy.registry import PolicyRegistry
 from tests.fakes.scripted_llm import Reply
+from tests.shard_ids import spread_ids
 
 KEYS = {"acme": "acme-key-" + "a" * 24, "globex": "globex-key-" + "g" * 24}
 
@@ -210,8 +211,8 @@ def test_one_poll_holds_a_batch_not_all_it_reads(redis_client):
 
 def test_every_shards_runs_and_feedback_are_counted(redis_client):
     shards = StreamShards(3)
-    for i in range(12):
-        t = trajectory("u_aaaa")
+    for i, run in zip(range(12), spread_ids(shards), strict=False):  # 4 runs on each shard
+        t = trajectory("u_aaaa").model_copy(update={"event_id": run})
         shard = shards.of(t.trajectory_id)
         redis_client.xadd(shards.trajectories(shard), encode(t))
         thumbs = feedback(t, FeedbackKind.THUMBS, 1 if i % 3 else -1)

@@ -8,14 +8,15 @@ from agents.packs.base import Pack
 from deploy.demo.report import build_report
 from learner.policy.registry import PolicyRegistry
 from tests.learner.learner_events import feedback, trajectory, xadd
+from tests.shard_ids import spread_ids
 
 
 def test_the_report_counts_every_shards_runs_and_thumbs(redis_client):
     shards = StreamShards(3)
     redis_client.set(STREAM_SHARDS_KEY, 3)
     PolicyRegistry(redis_client).ensure_base("tiny")
-    for i in range(9):
-        t = trajectory(user=f"u{i}")
+    for i, run in zip(range(9), spread_ids(shards), strict=False):  # 3 runs on each shard
+        t = trajectory(user=f"u{i}", event_id=run)
         xadd(redis_client, t, shards)
         xadd(redis_client, feedback(t.event_id, "thumbs", 1 if i % 3 else -1), shards)
     report = build_report(redis_client, Pack(name="none"))
