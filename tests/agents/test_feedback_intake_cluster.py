@@ -6,6 +6,8 @@ script met CROSSSLOT. And on a plain Redis, a replay marker written before them 
 from __future__ import annotations
 
 import dataclasses
+import time
+from collections.abc import Callable
 
 import pytest
 from redis.asyncio.cluster import RedisCluster as AsyncCluster
@@ -50,8 +52,15 @@ async def test_feedback_lands_once_per_run_and_kind_on_a_cluster(acluster, clust
         assert sync.xlen(STREAM_FEEDBACK) == 12 + 2
 
 
+def held_minute() -> Callable[[], float]:
+    """A clock stopped halfway through the current minute: the rate window cannot turn under
+    a test that counts up to its limit."""
+    held = (time.time() // 60) * 60 + 30.0
+    return lambda: held
+
+
 async def test_the_rate_window_counts_on_a_cluster(acluster):
-    intake = FeedbackIntake(acluster, SECRET, rate_per_minute=3)
+    intake = FeedbackIntake(acluster, SECRET, rate_per_minute=3, clock=held_minute())
     for i in range(3):
         run = f"traj_{i:032x}"
         await intake.accept(rating(issue(SECRET, run, "u1", "v0", 3600), run))
@@ -93,7 +102,7 @@ async def test_a_users_rate_window_spans_every_shard(acluster, cluster_url):
     """A user's feedback on runs of different shards counts in one window: the limit is the
     user's, not one per shard."""
     shards = StreamShards(3)
-    intake = FeedbackIntake(acluster, SECRET, rate_per_minute=3, shards=shards)
+    intake = FeedbackIntake(acluster, SECRET, rate_per_minute=3, shards=shards, clock=held_minute())
     runs = [f"traj_{i:032x}" for i in range(8)]
     assert len({shards.of(r) for r in runs[:4]}) > 1  # the runs are on several shards
     for run in runs[:3]:

@@ -203,7 +203,8 @@ def test_serve_reads_the_environment_and_answers(redis_url, llm, tmp_path):
                 if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
                     break
             except httpx.HTTPError:
-                time.sleep(0.1)
+                pass
+            time.sleep(0.1)  # not up, or up and not ready yet
         llm.push(Reply(content="Four."))
         reply = httpx.post(
             f"{url}/v1/agents/tutor/runs",

@@ -362,7 +362,9 @@ def test_an_upstream_without_token_ids_is_a_text_only_run(start_api, llm, redis_
 
 def test_a_call_over_the_token_budget_is_429(start_api, llm):
     llm.responder = lambda request: Reply(content="ok")
-    client = sdk(start_api(chat_tokens_per_minute=100))
+    api = start_api(chat_tokens_per_minute=100)
+    api.hold_rate_window()  # both calls in one minute's window
+    client = sdk(api)
     ask(client, max_tokens=60)
     with pytest.raises(openai.RateLimitError) as refused:
         ask(client, max_tokens=60)

@@ -4,6 +4,7 @@ Every test runs against both engines: the llama.cpp engine exports each version 
 load, which is what a swap under load exercises there.
 """
 
+import itertools
 import threading
 import time
 
@@ -81,12 +82,15 @@ class Load:
 
     def _loop(self, i: int) -> None:
         with httpx.Client(timeout=60) as http:
-            while not self.stop.is_set():
+            for n in itertools.count():
+                if self.stop.is_set():
+                    break
                 body = {
                     "model": "arloop",
                     "messages": [{"role": "user", "content": "hi" * (i + 1)}],
                     "max_tokens": 4 + i,
                     "temperature": 1.0,
+                    "seed": 1000 * i + n,  # each request's sample fixed by its place
                     "logprobs": True,
                     "return_token_ids": True,
                 }
@@ -124,10 +128,9 @@ def test_hot_swap_under_load_fails_nothing_and_fingerprints_are_true(
             folder = make(tmp_path / f"ckpt{i}", seed=10 + i)
             versions.append(publish(registry, kind, folder))
             _wait_for(lambda v=versions[-1]: load.seen(v), what=f"a response from {versions[-1]}")
-        time.sleep(0.3)
-        loaded = _health(base)["loaded"]
+        # every replaced version is freed once the requests that were on it finish
+        _wait_for(lambda: _health(base)["loaded"] == [versions[-1]], what="old versions freed")
     assert load.failed == []
-    assert loaded == [versions[-1]]  # every replaced version was freed
     models = {v: load_version(registry.get(v), cache_dir=MODEL_CACHE)[0] for v in versions}
     assert {b["system_fingerprint"] for b in load.ok} == set(versions)
     for body in load.ok:
