@@ -6,8 +6,6 @@ script met CROSSSLOT. And on a plain Redis, a replay marker written before them 
 from __future__ import annotations
 
 import dataclasses
-import time
-from collections.abc import Callable
 
 import pytest
 from redis.asyncio.cluster import RedisCluster as AsyncCluster
@@ -16,7 +14,7 @@ from redis.cluster import RedisCluster
 from agents.events import LEGACY_SEEN_PREFIX, STREAM_FEEDBACK, StreamShards, decode
 from agents.feedback_intake import FeedbackIntake, FeedbackRejected, FeedbackSubmission
 from agents.feedback_tokens import issue
-from tests.fakes.fixtures import aredis  # noqa: F401
+from tests.fakes.fixtures import aredis, held_minute  # noqa: F401
 
 SECRET = "s" * 40
 
@@ -50,13 +48,6 @@ async def test_feedback_lands_once_per_run_and_kind_on_a_cluster(acluster, clust
         await intake.accept(FeedbackSubmission(runs[0], token, "score", 0.5, user_id="u1", key="x"))
     with RedisCluster.from_url(cluster_url) as sync:
         assert sync.xlen(STREAM_FEEDBACK) == 12 + 2
-
-
-def held_minute() -> Callable[[], float]:
-    """A clock stopped halfway through the current minute: the rate window cannot turn under
-    a test that counts up to its limit."""
-    held = (time.time() // 60) * 60 + 30.0
-    return lambda: held
 
 
 async def test_the_rate_window_counts_on_a_cluster(acluster):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-import time
 from dataclasses import dataclass
 
 import httpx
@@ -14,6 +13,7 @@ from agents.runtime import AgentSpec
 from deploy.agent_api.app import create_app
 from deploy.credentials import pseudonym, scoped_user
 from deploy.settings import AgentApiSettings
+from tests.fakes.fixtures import held_minute
 from tests.fakes.servers import ServerThread
 from tests.fakes.tools import Add, ExpectVerifier
 
@@ -54,8 +54,7 @@ class Api:
         """Stop the per-minute rate windows' clock halfway through the current minute: a test
         that counts requests up to a limit must not see the minute turn under it."""
         services = self.app.state.services
-        held = (time.time() // 60) * 60 + 30.0
-        services.limiter.clock = services.intake.clock = lambda: held
+        services.limiter.clock = services.intake.clock = held_minute()
 
     def stored(self, user: str, tenant: str = "default") -> str:
         """The id arloop stores for `user` of `tenant` (its pseudonym under this API's key)."""

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+
 import pytest
 import redis.asyncio as aioredis
 
@@ -10,6 +13,13 @@ from tests.fakes.servers import ServerThread
 
 PATIENT_S = 60.0
 """Read timeout of the tests' asyncio Redis clients (see `aredis`)."""
+
+
+def held_minute() -> Callable[[], float]:
+    """A clock stopped halfway through the current minute, for a per-minute rate window: a test
+    that counts requests up to a limit must not see the minute turn under it."""
+    held = (time.time() // 60) * 60 + 30.0
+    return lambda: held
 
 
 @pytest.fixture
